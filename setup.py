@@ -1,0 +1,61 @@
+"""Build the Cython extensions in native/ against the installed libggml-python.
+
+The ggml headers and shared libraries come from the `libggml` package; the
+extensions get an rpath to its lib folder so no LD_LIBRARY_PATH is needed.
+"""
+import glob
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def _libggml_dirs():
+    import libggml
+
+    root = os.path.dirname(libggml.__file__)
+    include = os.path.join(root, "include")
+    libdir = next(
+        d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib"))
+        if os.path.isdir(d)
+    )
+    return include, libdir
+
+
+def _extensions():
+    include, libdir = _libggml_dirs()
+    exts = []
+    for pyx in sorted(glob.glob("native/*.pyx")):
+        name = "ggserve.native." + os.path.splitext(os.path.basename(pyx))[0]
+        exts.append(
+            Extension(
+                name,
+                [pyx],
+                include_dirs=[include, numpy.get_include(), "native"],
+                library_dirs=[libdir],
+                libraries=["ggml", "ggml-base", "ggml-cpu"],
+                runtime_library_dirs=[libdir],
+                extra_compile_args=["-O3"],
+                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            )
+        )
+    return cythonize(
+        exts,
+        include_path=["native"],
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
+    )
+
+
+setup(
+    packages=["ggserve", "ggserve.native", "ggserve.models", "ggserve.server"],
+    package_dir={
+        "ggserve": "ggserve",
+        "ggserve.native": "native",
+        "ggserve.models": "models",
+        "ggserve.server": "server",
+    },
+    package_data={"ggserve.native": ["*.pxd"]},
+    ext_modules=_extensions(),
+)
