@@ -44,7 +44,7 @@ def _extensions():
         exts,
         include_path=["native"],
         language_level=3,
-        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
+        compiler_directives={"cdivision": True},
     )
 
 
