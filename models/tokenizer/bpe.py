@@ -1,0 +1,70 @@
+"""Byte-level BPE (GGUF `tokenizer.ggml.model = gpt2`).
+
+Text is split into words by the pre-tokenizer, each word's UTF-8 bytes are
+mapped to GPT-2's printable byte alphabet, and the native merge loop applies
+`tokenizer.ggml.merges` by rank. Words repeat a lot in real text, so their ids
+are cached.
+"""
+from __future__ import annotations
+
+from ggserve.native.tokenizer_core import BPECore
+
+from .pretokenize import PreTokenizer
+from .vocab import Vocab
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode: byte -> printable character."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+BYTE_TO_CHAR = _byte_alphabet()
+CHAR_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
+_ENCODE_TABLE = {b: c for b, c in enumerate(BYTE_TO_CHAR)}   # for str.translate on latin-1 text
+_CACHE_LIMIT = 1 << 17
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+class BPE:
+    def __init__(self, vocab: Vocab):
+        self._pre = PreTokenizer(vocab.pre.regexes)
+        self._core = BPECore([_utf8(t) for t in vocab.tokens],
+                             [_utf8(m) for m in vocab.merges],
+                             vocab.pre.ignore_merges)
+        self._cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of one raw text fragment (no special tokens in it) to out."""
+        cache = self._cache
+        if len(cache) > _CACHE_LIMIT:
+            cache.clear()
+        encode_word = self._core.encode_word
+        for word in self._pre.split(text):
+            ids = cache.get(word)
+            if ids is None:
+                raw = word.encode("utf-8", "replace").decode("latin-1").translate(_ENCODE_TABLE)
+                ids = cache[word] = encode_word(raw.encode("utf-8"))
+            out.extend(ids)
+
+    @staticmethod
+    def piece(text: str) -> bytes:
+        """Bytes of a normal token: undo the byte alphabet (llama_decode_text)."""
+        out = bytearray()
+        for ch in text:
+            b = CHAR_TO_BYTE.get(ch)
+            if b is not None:
+                out.append(b)
+            else:   # not a byte-alphabet character: llama.cpp writes a marker
+                out += b"[UNK_BYTE_0x" + _utf8(ch).hex().encode() + _utf8(text) + b"]"
+        return bytes(out)
