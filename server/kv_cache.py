@@ -1,0 +1,213 @@
+"""The KV cache: cells with positions and sequence sets, K/V storage in ggml buffers.
+
+One unified cache holds every sequence. Each cell has a position and a set of
+sequences (a bitmask: a prefix shared by several sequences is stored once). The
+cache plans placement for a whole batch before touching anything, builds the
+attention masks (causal, per-sequence, sliding window, bidirectional spans) and
+runs attention for the models, so models never see cell indices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggserve.native import ggml
+
+MAX_SEQS = 64          # sequences are bits of a uint64
+N_KV_PAD = 256         # attend over a multiple of 256 cells, as llama.cpp does
+
+_NEG_INF = np.float16(-np.inf)
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """What one layer stores per token: K and V row widths, its device, its window."""
+
+    n_embd_k: int
+    n_embd_v: int
+    device: object
+    sliding_window: int = 0     # 0: global attention
+
+
+class KVCacheFull(RuntimeError):
+    pass
+
+
+class KVCache:
+    def __init__(self, backend, layers: list[LayerKV], size: int,
+                 type_k=ggml.F16, type_v=ggml.F16):
+        self.size = size
+        self.layers = layers
+        self.type_k = type_k
+        self.type_v = type_v
+        self.pos = np.full(size, -1, dtype=np.int32)
+        self.seqs = np.zeros(size, dtype=np.uint64)
+        # span id per cell: cells of one bidirectional span (an image) see each other
+        self.span = np.zeros(size, dtype=np.int64)
+        self.buffers = []
+        self.k, self.v = [], []
+        by_device = {}
+        for il, layer in enumerate(layers):
+            by_device.setdefault(layer.device, []).append(il)
+        tensors = {}
+        for device, ils in by_device.items():
+            specs = []
+            for il in ils:
+                specs.append((f"cache_k_l{il}", type_k, (layers[il].n_embd_k, size)))
+                specs.append((f"cache_v_l{il}", type_v, (layers[il].n_embd_v, size)))
+            buf = backend.alloc(device, specs)
+            self.buffers.append(buf)
+            tensors.update(buf.tensors)
+        self.k = [tensors[f"cache_k_l{il}"] for il in range(len(layers))]
+        self.v = [tensors[f"cache_v_l{il}"] for il in range(len(layers))]
+        self.has_swa = any(l.sliding_window for l in layers)
+
+    def close(self):
+        for b in self.buffers:
+            b.close()
+        self.buffers = []
+
+    # -- bookkeeping -------------------------------------------------------------
+
+    @property
+    def n_used(self) -> int:
+        return int(np.count_nonzero(self.seqs))
+
+    @property
+    def n_free(self) -> int:
+        return self.size - self.n_used
+
+    def nbytes_by_device(self) -> dict:
+        out = {}
+        for b in self.buffers:
+            out[b.device.name] = out.get(b.device.name, 0) + b.nbytes
+        return out
+
+    def find_cells(self, n: int) -> np.ndarray:
+        """Plan: indices of n free cells (lowest first), or raise KVCacheFull. No mutation."""
+        free = np.flatnonzero(self.seqs == 0)
+        if len(free) < n:
+            raise KVCacheFull(f"need {n} KV cells, {len(free)} free")
+        return free[:n]
+
+    def commit(self, cells: np.ndarray, seq_ids: np.ndarray, positions: np.ndarray,
+               spans: np.ndarray | None = None) -> None:
+        """Apply a plan: cells now hold these sequences' tokens at these positions."""
+        self.pos[cells] = positions
+        self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        self.span[cells] = 0 if spans is None else spans
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> None:
+        """Remove seq from cells with p0 <= pos < p1 (p1 None: to the end)."""
+        bit = np.uint64(1) << np.uint64(seq)
+        sel = (self.seqs & bit) != 0
+        sel &= self.pos >= p0
+        if p1 is not None:
+            sel &= self.pos < p1
+        self.seqs[sel] &= ~bit
+        self.pos[self.seqs == 0] = -1
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        """Let dst share src's cells with p0 <= pos < p1 (no copy: cells are shared)."""
+        sbit = np.uint64(1) << np.uint64(src)
+        sel = (self.seqs & sbit) != 0
+        sel &= self.pos >= p0
+        if p1 is not None:
+            sel &= self.pos < p1
+        self.seqs[sel] |= np.uint64(1) << np.uint64(dst)
+
+    def seq_len(self, seq: int) -> int:
+        bit = np.uint64(1) << np.uint64(seq)
+        sel = (self.seqs & bit) != 0
+        return int(self.pos[sel].max()) + 1 if sel.any() else 0
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seqs[:] = 0
+        self.span[:] = 0
+
+    # -- per-step graph inputs -----------------------------------------------------
+
+    def n_kv_for(self, cells: np.ndarray) -> int:
+        used = np.flatnonzero(self.seqs)
+        hi = max(int(used.max()) + 1 if len(used) else 0, int(cells.max()) + 1 if len(cells) else 0)
+        return min(self.size, max(N_KV_PAD, -(-hi // N_KV_PAD) * N_KV_PAD))
+
+    def build_mask(self, n_kv: int, seq_ids: np.ndarray, positions: np.ndarray,
+                   spans: np.ndarray | None = None, window: int = 0) -> np.ndarray:
+        """f16 [n_tokens, n_kv]: 0 where token i may attend to cell j, -inf elsewhere.
+
+        Call after commit(), so the batch's own cells are included. Causal within a
+        sequence; with `window`, only the last `window` positions (llama.cpp's
+        standard sliding window: masked when pos_tok - pos_cell >= window); cells of
+        the token's own bidirectional span are visible regardless of position.
+        """
+        cpos = self.pos[:n_kv][None, :]
+        cseq = self.seqs[:n_kv][None, :]
+        tpos = positions[:, None]
+        tbit = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))[:, None]
+        same_seq = (cseq & tbit) != 0
+        visible = cpos <= tpos
+        if spans is not None and spans.any():
+            tspan = spans[:, None]
+            visible |= (tspan != 0) & (self.span[:n_kv][None, :] == tspan)
+        if window:
+            visible &= (tpos - cpos) < window
+        allowed = same_seq & visible
+        mask = np.full(allowed.shape, _NEG_INF, dtype=np.float16)
+        mask[allowed] = 0
+        return mask
+
+    def step(self, g, cells, seq_ids, positions, spans=None) -> "KVStep":
+        """Declare this step's cache inputs in graph g (call after commit)."""
+        n_kv = self.n_kv_for(cells)
+        n_tokens = len(cells)
+        st = KVStep(self, n_kv)
+        st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
+        st.mask = g.input("kq_mask", ggml.F16, (n_kv, n_tokens))
+        st.values = {
+            st.slots: cells.astype(np.int64),
+            st.mask: self.build_mask(n_kv, seq_ids, positions, spans),
+        }
+        if self.has_swa:
+            window = max(l.sliding_window for l in self.layers)
+            st.mask_swa = g.input("kq_mask_swa", ggml.F16, (n_kv, n_tokens))
+            st.values[st.mask_swa] = self.build_mask(n_kv, seq_ids, positions, spans, window)
+        return st
+
+
+class KVStep:
+    """One step's view of the cache: slots to write, masks, and attention over cells."""
+
+    def __init__(self, cache: KVCache, n_kv: int):
+        self.cache = cache
+        self.n_kv = n_kv
+        self.slots = None
+        self.mask = None
+        self.mask_swa = None
+        self.values = {}
+
+    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
+        """Store this batch's k, v for layer il, then attend q over the cache.
+
+        q: [head_dim, n_head, n_tokens], k/v: [head_dim, n_head_kv, n_tokens]
+        -> [head_dim * n_head, n_tokens]
+        """
+        cache = self.cache
+        head_dim_k, n_head_kv, n_tokens = k.ne[0], k.ne[1], k.ne[2]
+        head_dim_v = v.ne[0]
+        kc, vc = cache.k[il], cache.v[il]
+        g.expand(g.set_rows(kc, g.reshape(k, head_dim_k * n_head_kv, n_tokens), self.slots))
+        g.expand(g.set_rows(vc, g.reshape(v, head_dim_v * n_head_kv, n_tokens), self.slots))
+
+        rk = ggml.row_size(cache.type_k, head_dim_k)
+        rv = ggml.row_size(cache.type_v, head_dim_v)
+        kview = g.view(kc, (head_dim_k, n_head_kv, self.n_kv), (rk, kc.nb[1]), 0)
+        vview = g.view(vc, (head_dim_v, n_head_kv, self.n_kv), (rv, vc.nb[1]), 0)
+        kview = g.permute(kview, 0, 2, 1, 3)          # [head_dim, n_kv, n_head_kv]
+        vview = g.permute(vview, 0, 2, 1, 3)
+        qp = g.permute(q, 0, 2, 1, 3)                 # [head_dim, n_tokens, n_head]
+        mask = self.mask_swa if cache.layers[il].sliding_window else self.mask
+        out = g.flash_attn(qp, kview, vview, mask, scale, 0.0, softcap)  # [head_dim_v, n_head, n_tokens]
+        return g.reshape(out, head_dim_v * q.ne[1], n_tokens)
