@@ -6,6 +6,8 @@ from .special import SpecialSplitter
 from .spm import SPM, byte_value
 from .vocab import HIDDEN_ATTRS, Attr, Vocab
 
+_USER_DEFINED, _NORMAL, _BYTE = int(Attr.USER_DEFINED), int(Attr.NORMAL), int(Attr.BYTE)
+
 
 class Tokenizer:
     """encode/decode with llama_tokenize / llama_detokenize semantics.
@@ -101,11 +103,11 @@ class Tokenizer:
 
     def _piece(self, token_id: int, attr: int) -> bytes:
         text = self.vocab.tokens[token_id]
-        if attr & (HIDDEN_ATTRS | Attr.USER_DEFINED):
+        if attr & (HIDDEN_ATTRS | _USER_DEFINED):
             return text.encode("utf-8", "surrogateescape")
-        if attr & Attr.NORMAL:
+        if attr & _NORMAL:
             return self._impl.piece(text)
-        if attr & Attr.BYTE:
+        if attr & _BYTE:
             return bytes([byte_value(text)])
         return b""   # unused / undefined tokens render as nothing
 

@@ -64,8 +64,8 @@ _ID_KEYS = {
     "fim_mid": ("fim_mid_token_id", "middle_token_id"), "fim_pad": ("fim_pad_token_id",),
     "fim_rep": ("fim_rep_token_id",), "fim_sep": ("fim_sep_token_id",),
 }
-SPECIAL_ATTRS = Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN
-HIDDEN_ATTRS = Attr.CONTROL | Attr.UNKNOWN   # not rendered unless special=True
+SPECIAL_ATTRS = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
+HIDDEN_ATTRS = int(Attr.CONTROL | Attr.UNKNOWN)  # not rendered unless special=True
 
 
 class Vocab:
@@ -100,8 +100,11 @@ class Vocab:
         scores = get("scores")
         self.scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)
         types = get("token_type")
-        types = np.ones(n, np.int32) if types is None else np.asarray(types)
-        self.attrs: list[int] = [int(_TYPE_ATTR.get(int(t), Attr.UNDEFINED)) for t in types]
+        types = np.ones(n, np.int64) if types is None else np.asarray(types, np.int64)
+        table = np.zeros(8, np.int64)   # types outside 0..6 are undefined
+        for t, a in _TYPE_ATTR.items():
+            table[t] = int(a)
+        self.attrs: list[int] = table[np.where((types >= 0) & (types < 7), types, 7)].tolist()
         self.token_to_id: dict[str, int] = {}
         for i, text in enumerate(self.tokens):
             self.token_to_id.setdefault(text, i)
@@ -124,7 +127,8 @@ class Vocab:
         self._detect_specials()
         self.eog: frozenset[int] = self._eog_ids()
         self._apply_model_quirks(meta)
-        self.special_ids = [i for i, a in enumerate(self.attrs) if a & SPECIAL_ATTRS]
+        special = int(SPECIAL_ATTRS)
+        self.special_ids = [i for i, a in enumerate(self.attrs) if a & special]
         self.special_ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
 
     # -- derived special tokens --
@@ -132,7 +136,7 @@ class Vocab:
     def _force_control(self, i: int) -> None:
         if not self.attrs[i] & Attr.CONTROL:
             log.info("control-looking token %d %r was not control-type; overriding", i, self.tokens[i])
-            self.attrs[i] |= Attr.CONTROL
+            self.attrs[i] |= int(Attr.CONTROL)
 
     def _find(self, texts) -> int:
         found = [self.token_to_id[t] for t in texts if t in self.token_to_id]
@@ -152,9 +156,10 @@ class Vocab:
                 setattr(self, name, self._find(texts))
                 if getattr(self, name) >= 0:
                     self._force_control(getattr(self, name))
+        control, unused = int(Attr.CONTROL), int(Attr.UNUSED)
         for i, a in enumerate(self.attrs):
-            if a & Attr.CONTROL and "unused" in self.tokens[i]:
-                self.attrs[i] |= Attr.UNUSED
+            if a & control and "unused" in self.tokens[i]:
+                self.attrs[i] = a | unused
 
     def _eog_ids(self) -> frozenset[int]:
         eog = {i for i in (self.fim_pad, self.fim_rep, self.fim_sep) if i >= 0}
@@ -189,15 +194,16 @@ class Vocab:
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
                 any(s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
             if "<mask>" in self.token_to_id:
-                self.attrs[self.token_to_id["<mask>"]] |= Attr.LSTRIP
+                self.attrs[self.token_to_id["<mask>"]] |= int(Attr.LSTRIP)
         elif "phi-3" in name or "phi3" in name:
             for i, a in enumerate(self.attrs):
                 if a & SPECIAL_ATTRS:
-                    self.attrs[i] |= Attr.RSTRIP
+                    self.attrs[i] |= int(Attr.RSTRIP)
             for text, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
                 i = self.token_to_id.get(text)
                 if i is not None:
-                    self.attrs[i] = self.attrs[i] | Attr.RSTRIP if on else self.attrs[i] & ~Attr.RSTRIP
+                    rstrip = int(Attr.RSTRIP)
+                    self.attrs[i] = self.attrs[i] | rstrip if on else self.attrs[i] & ~rstrip
 
 
 def _pre_spec(pre: str | None) -> PreSpec:
