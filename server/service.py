@@ -1,0 +1,374 @@
+"""The asyncio layer that owns the engine.
+
+One task (`Service._run`) owns the engine: it applies queued adds and cancels
+between steps, runs `engine.step()` on a dedicated worker thread (ggml releases
+the GIL, so HTTP stays responsive), and routes each TokenEvent to the Job that
+asked for it. No other code calls the engine while a step runs.
+
+A Job is one HTTP request: one engine request per choice (n > 1, or several
+prompts in /v1/completions), one queue for all of them. Iterating a Job yields
+(choice index, Delta): detokenized text with stop strings cut out, the logprobs
+of the tokens behind that text, and the finish reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from .errors import APIError, context_length_exceeded
+from .metrics import Metrics
+from .stops import StopMatcher
+
+log = logging.getLogger("ggserve.server")
+
+_ids = itertools.count()
+
+
+@dataclass
+class Delta:
+    text: str = ""
+    # (token id, logprob, [(token id, logprob), ...]) for each token behind `text`
+    logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] = field(
+        default_factory=list)
+    finish_reason: str | None = None
+
+
+class _Choice:
+    """Turns one engine request's TokenEvents into Deltas."""
+
+    def __init__(self, request_id: str, tokenizer, decoder, stops: list[str] | None):
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.decoder = decoder
+        self.stops = StopMatcher(stops)
+        self.finish_reason: str | None = None
+        self.engine_done = False
+        self.n_tokens = 0
+        self.n_prompt = 0
+        self.n_cached = 0
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self._text_len = 0      # characters decoded so far
+        self._emitted = 0       # characters released to the client
+        self._pending: list[tuple[int, tuple]] = []  # (start offset, logprob entry)
+
+    def feed(self, ev) -> Delta:
+        self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
+        out = ""
+        if ev.token is not None:
+            self.n_tokens += 1
+            eog_stop = ev.finish_reason == "stop" and self.tokenizer.is_eog(ev.token)
+            if not eog_stop:
+                piece = self.decoder.push(ev.token)
+                self._pending.append((self._text_len, (ev.token, ev.logprob,
+                                                       list(ev.top_logprobs or ()))))
+                self._text_len += len(piece)
+                out = self.stops.push(piece)
+        finish = ev.finish_reason
+        if finish is not None:
+            self.engine_done = True
+            out += self.stops.push(self.decoder.flush())
+            out += self.stops.flush()
+        if self.stops.stopped:
+            finish = "stop"
+        self._emitted += len(out)
+        delta = Delta(out, self._release(finish is not None), finish)
+        self.finish_reason = finish
+        return delta
+
+    def _release(self, final: bool) -> list:
+        """Logprob entries of the tokens whose text has been released.
+
+        A token is released once text starting at its offset has gone out; at a
+        stop string, tokens entirely inside the stop are dropped."""
+        if final and not self.stops.stopped:
+            done, self._pending = self._pending, []
+        else:
+            n = 0
+            while n < len(self._pending) and self._pending[n][0] < self._emitted:
+                n += 1
+            done, self._pending = self._pending[:n], self._pending[n:]
+            if final:
+                self._pending = []
+        return [entry for _, entry in done]
+
+
+class Job:
+    """One HTTP request's engine requests. Iterate it for (index, Delta)."""
+
+    def __init__(self, service: "Service", prompts: list[list[int]], stops, n_probs: int):
+        self.service = service
+        self.prompts = prompts
+        self.n_probs = n_probs
+        self.queue: asyncio.Queue = asyncio.Queue()
+        base = f"r{next(_ids)}"
+        tok = service.engine.tokenizer
+        self.choices = [
+            _Choice(f"{base}-{i}", tok, service.make_decoder(tok), stops)
+            for i in range(len(prompts))
+        ]
+        self.t_submit = time.perf_counter()
+        self._open = len(self.choices)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
+        while self._open:
+            item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            index, ev = item
+            choice = self.choices[index]
+            if choice.finish_reason is not None:
+                continue  # stopped by a stop string; late events from the engine
+            delta = choice.feed(ev)
+            if delta.finish_reason is not None:
+                self._open -= 1
+                if not choice.engine_done:
+                    self.service.cancel(choice.request_id)
+            if delta.text or delta.logprobs or delta.finish_reason:
+                yield index, delta
+
+    def close(self) -> None:
+        """Cancel whatever is still running (client gone, error, or done)."""
+        for c in self.choices:
+            if not c.engine_done:
+                c.engine_done = True
+                self.service.cancel(c.request_id)
+
+    # usage
+    @property
+    def prompt_tokens(self) -> int:
+        seen, total = set(), 0
+        for p, c in zip(self.prompts, self.choices):
+            key = id(p)
+            if key not in seen:
+                seen.add(key)
+                total += c.n_prompt or len(p)
+        return total
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.n_tokens for c in self.choices)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.choices[0].n_cached
+
+
+class Service:
+    """Owns the engine; see the module docstring."""
+
+    def __init__(self, load_engine: Callable[[], Any], *, n_parallel: int,
+                 max_queue: int = 64, metrics: Metrics | None = None,
+                 make_request: Callable[..., Any] | None = None,
+                 make_decoder: Callable[[Any], Any] | None = None):
+        self._load_engine = load_engine
+        self.engine = None
+        self.n_parallel = n_parallel
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics()
+        self._make_request = make_request
+        self._make_decoder = make_decoder
+        self.ready = False
+        self.load_error: BaseException | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-engine")
+        self._adds: list[tuple[Job, asyncio.Future]] = []
+        self._cancels: list[str] = []
+        self._live: dict[str, tuple[Job, int]] = {}   # request id -> (job, index)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    # -- life cycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the engine off the loop, then run the step loop."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._load_and_run(), name="ggserve-engine")
+
+    async def wait_ready(self) -> None:
+        while not self.ready:
+            if self.load_error is not None:
+                raise self.load_error
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        err = APIError(503, "Server is shutting down")
+        for job, fut in self._adds:
+            if not fut.done():
+                fut.set_exception(err)
+        for job, _ in self._live.values():
+            job.queue.put_nowait(err)
+        self._adds.clear()
+        self._live.clear()
+        loop = asyncio.get_running_loop()
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await loop.run_in_executor(self._executor, engine.close)
+        self._executor.shutdown(wait=True)
+
+    async def _load_and_run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.engine = await loop.run_in_executor(self._executor, self._load_engine)
+        except Exception as e:
+            log.exception("failed to load the model")
+            self.load_error = e
+            return
+        if self._make_request is None:
+            from .engine import Request
+            self._make_request = Request
+        if self._make_decoder is None:
+            from ggserve.models.tokenizer import StreamDecoder
+            self._make_decoder = StreamDecoder
+        self._update_stats()
+        self.ready = True
+        await self._run()
+
+    def make_decoder(self, tokenizer):
+        return self._make_decoder(tokenizer)
+
+    # -- requests -----------------------------------------------------------------
+
+    async def submit(self, prompts: list[list[int]], params: list, max_tokens: int | None,
+                     *, ignore_eos: bool = False, stops: list[str] | None = None,
+                     n_probs: int = 0) -> Job:
+        """Queue one engine request per prompt (with its SamplingParams); returns the
+        Job once the engine took them all (or raises: context length, bad params,
+        queue full)."""
+        if not self.ready:
+            raise APIError(503, "Loading model", code="model_loading",
+                           headers={"Retry-After": "5"})
+        n_ctx = self.engine.n_ctx
+        for p in prompts:
+            if len(p) + 1 > n_ctx:
+                raise context_length_exceeded(len(p), n_ctx)
+        outstanding = len(self._live) + sum(len(j.choices) for j, _ in self._adds)
+        if outstanding + len(prompts) > self.n_parallel + self.max_queue:
+            raise APIError(429, "Server is busy: too many requests queued; retry later",
+                           code="queue_full", headers={"Retry-After": "1"})
+        job = Job(self, prompts, stops, n_probs)
+        requests = []
+        for p, c, prm in zip(prompts, job.choices, params):
+            room = n_ctx - len(p)
+            limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
+            requests.append(self._make_request(id=c.request_id, prompt=list(p),
+                                               params=prm, max_tokens=limit,
+                                               ignore_eos=ignore_eos))
+        job.requests = requests
+        fut = asyncio.get_running_loop().create_future()
+        self._adds.append((job, fut))
+        self._wake.set()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            job.close()
+            raise
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
+        return job
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel an engine request; applied before the next step."""
+        if request_id in self._live:
+            self._cancels.append(request_id)
+            self._wake.set()
+
+    # -- the loop -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        while True:
+            self._apply()
+            if not engine.has_work():
+                self._wake.clear()
+                if self._adds or self._cancels:
+                    continue
+                await self._wake.wait()
+                continue
+            t0 = time.perf_counter()
+            try:
+                events = await loop.run_in_executor(self._executor, engine.step)
+            except Exception as e:
+                log.exception("engine step failed")
+                self._fail_all(APIError(500, f"Engine error: {e}"))
+                continue
+            self.metrics.step_seconds.observe(time.perf_counter() - t0)
+            self._dispatch(events)
+
+    def _apply(self) -> None:
+        engine = self.engine
+        cancels, self._cancels = self._cancels, []
+        for rid in cancels:
+            if self._live.pop(rid, None) is not None:
+                try:
+                    engine.cancel(rid)
+                except Exception:
+                    log.exception("cancel %s failed", rid)
+        adds, self._adds = self._adds, []
+        for job, fut in adds:
+            if fut.done():  # submitter gave up (client gone)
+                continue
+            added = []
+            try:
+                for r in job.requests:
+                    engine.add(r)
+                    added.append(r.id)
+            except Exception as e:
+                for rid in added:
+                    engine.cancel(rid)
+                fut.set_exception(e)
+                continue
+            for i, c in enumerate(job.choices):
+                self._live[c.request_id] = (job, i)
+            fut.set_result(None)
+        if cancels or adds:
+            self._update_stats()
+
+    def _dispatch(self, events) -> None:
+        now = time.perf_counter()
+        m = self.metrics
+        for ev in events:
+            entry = self._live.get(ev.request_id)
+            if entry is None:
+                continue  # cancelled while the step ran
+            job, index = entry
+            c = job.choices[index]
+            if ev.token is not None:
+                m.generated_tokens.inc()
+                if c.t_first is None:
+                    c.t_first = now
+                    m.ttft.observe(now - job.t_submit)
+                    m.cached_tokens.inc(ev.n_cached)
+                else:
+                    m.inter_token.observe(now - c.t_last)
+                c.t_last = now
+            if ev.finish_reason is not None:
+                del self._live[ev.request_id]
+            job.queue.put_nowait((index, ev))
+        self._update_stats()
+
+    def _fail_all(self, err: APIError) -> None:
+        for rid, (job, _) in list(self._live.items()):
+            try:
+                self.engine.cancel(rid)
+            except Exception:
+                pass
+            job.queue.put_nowait(err)
+        self._live.clear()
+        self._update_stats()
+
+    def _update_stats(self) -> None:
+        try:
+            self.metrics.set_engine_stats(self.engine.stats())
+        except Exception:
+            log.exception("engine.stats() failed")
