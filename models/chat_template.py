@@ -1,0 +1,165 @@
+"""Chat templates: the Jinja template stored in GGUF `tokenizer.chat_template`.
+
+Rendered the way HF transformers' apply_chat_template does (sandboxed Jinja,
+trim_blocks + lstrip_blocks, loop controls, `raise_exception`, `strftime_now`,
+a `tojson` that keeps non-ASCII) with llama-server's handling of content parts:
+image parts become the image marker text, and a template that cannot iterate
+typed content gets each message's parts joined into one string.
+
+A model without a template gets ChatML (`<|im_start|>role\\n...<|im_end|>\\n`),
+as llama-server does, with a warning. `--chat-template-file` is simply
+`ChatTemplate(open(path).read(), ...)`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+log = logging.getLogger(__name__)
+
+IMAGE_MARKER = "<__media__>"
+
+# llama.cpp's "chatml" template, used when a GGUF has none
+CHATML = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+_IMAGE_PART_TYPES = ("image", "image_url", "input_image")
+_PROBE = "\x00ggserve-typed-content-probe\x00"
+
+
+class TemplateError(Exception):
+    """A template failed: its own raise_exception message, or a Jinja error."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class _GenerationTag(Extension):
+    """HF's {% generation %}...{% endgeneration %} marks assistant text; we only render it."""
+
+    tags = {"generation"}
+
+    def parse(self, parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message):
+    raise TemplateError(str(message))
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> jinja2.Environment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template with the model's BOS/EOS token texts."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"invalid chat template: {e}") from e
+        self.supports_typed_content = self._probe_typed_content()
+
+    @classmethod
+    def from_metadata(cls, meta: dict) -> "ChatTemplate":
+        """The GGUF's template, or ChatML (with a warning) when it has none."""
+        tokens = meta.get("tokenizer.ggml.tokens") or []
+
+        def text(key):
+            i = meta.get("tokenizer.ggml." + key)
+            return tokens[i] if i is not None and 0 <= int(i) < len(tokens) else ""
+
+        source = meta.get("tokenizer.chat_template")
+        if not source:
+            log.warning("model has no tokenizer.chat_template: using ChatML")
+            source = CHATML
+        return cls(source, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"))
+
+    def _probe_typed_content(self) -> bool:
+        """Does the template read content given as a list of typed parts? (as minja probes)"""
+        probe = [{"role": "user", "content": [{"type": "text", "text": _PROBE}]}]
+        try:
+            return _PROBE in self._render(probe, False, None, {})
+        except Exception:
+            return False
+
+    def _render(self, messages, add_generation_prompt, tools, extra) -> str:
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra}
+        return self._template.render(messages=messages, tools=tools,
+                                     add_generation_prompt=add_generation_prompt, **context)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None, *,
+               continue_final_message: bool = False, image_marker: str = IMAGE_MARKER,
+               **extra) -> str:
+        """The prompt text. Content is a string or a list of parts ({"type": "text"}
+        / image parts, which become image_marker). With continue_final_message the
+        last (assistant) message is left open for the model to continue, as
+        llama-server's assistant prefill: the rest is rendered with a generation
+        prompt and the message's text appended."""
+        msgs = [self._normalize(m, image_marker) for m in messages]
+        suffix = ""
+        if continue_final_message:
+            if not msgs or msgs[-1].get("role") != "assistant":
+                raise TemplateError("continue_final_message needs a final assistant message")
+            suffix = _content_text(msgs.pop()["content"])
+            add_generation_prompt = True
+        try:
+            return self._render(msgs, add_generation_prompt, tools, extra) + suffix
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template error: {e}") from e
+        except Exception as e:   # e.g. str + list in a template that expects strings
+            raise TemplateError(f"chat template error: {type(e).__name__}: {e}") from e
+
+    def _normalize(self, message: dict, image_marker: str) -> dict:
+        message = dict(message)
+        content = message.get("content")
+        if isinstance(content, (list, tuple)):
+            parts = []
+            for part in content:
+                if isinstance(part, str):
+                    part = {"type": "text", "text": part}
+                if part.get("type") in _IMAGE_PART_TYPES:
+                    part = {"type": "text", "text": image_marker}
+                parts.append(part)
+            message["content"] = parts if self.supports_typed_content else _content_text(parts)
+        return message
+
+
+def _content_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
