@@ -101,3 +101,32 @@ def test_unknown_pre_tokenizer_falls_back_to_default_with_warning(smollm2_path, 
     tok = Tokenizer.from_metadata(meta)
     assert "unknown pre-tokenizer type 'no-such-pre'" in caplog.text
     assert tok.decode(tok.encode("Hello world 123")) == "Hello world 123"
+
+
+# -- pre-tokenizers without a golden model: literal splits of the HF regexes --
+
+from ggserve.models.tokenizer.pretokenize import PRE_TYPES, PreTokenizer  # noqa: E402
+
+
+@pytest.mark.parametrize("pre,text,words", [
+    ("llama-bpe", "12345", ["123", "45"]),
+    ("qwen2", "12345", ["1", "2", "3", "4", "5"]),
+    ("gpt-2", "12345", ["12345"]),
+    ("smollm", "12345", ["1", "2", "3", "4", "5"]),
+    ("llama-bpe", "Hello, world!", ["Hello", ",", " world", "!"]),
+    ("llama-bpe", "DON'T", ["DON", "'T"]),
+    ("gpt-2", "DON'T", ["DON", "'", "T"]),
+    ("llama-bpe", "x\n\n  y", ["x", "\n\n", " ", " y"]),
+    ("gpt-2", "a  b ", ["a", " ", " b", " "]),
+    ("llama-bpe", "(café)", ["(café", ")"]),   # one non-letter may lead a word
+    ("gpt-2", "x\u00a0\u00a0y", ["x", "\u00a0", "\u00a0", "y"]),   # NBSP is \s, but only ' ' leads a word
+    ("deepseek-coder", "ab\ncd 12", ["ab", "\n", "cd", " ", "1", "2"]),
+])
+def test_pre_tokenizer_splits(pre, text, words):
+    assert PreTokenizer(PRE_TYPES[pre].regexes).split(text) == words
+
+
+@pytest.mark.parametrize("pre", sorted(PRE_TYPES))
+def test_every_pre_tokenizer_covers_the_text(pre):
+    text = "Hello wörld 12345 — ça va? 你好 \n\n\t 'tis  done!!\u00a0😀"
+    assert "".join(PreTokenizer(PRE_TYPES[pre].regexes).split(text)) == text
