@@ -93,8 +93,11 @@ class SpecialSplitter:
                 k = bisect_right(starts, s)
                 lo = claimed[k - 1][1] if k else 0
                 hi = claimed[k][0] if k < len(claimed) else len(text)
-                if s < lo or e > hi:   # crosses an earlier (longer) token
-                    pos = s + 1
+                if s < lo:    # inside an earlier (longer) token: resume after it
+                    pos = lo
+                    continue
+                if e > hi:    # runs into the next one: no room left in this gap
+                    pos = claimed[k][1]
                     continue
                 # the gap may already hold matches of this same token: search only after them
                 if new and new[-1][1] > lo and new[-1][0] >= lo:
