@@ -159,6 +159,15 @@ class KVCache:
         mask[allowed] = 0
         return mask
 
+    def step_worst_case(self, g, n_tokens: int) -> "KVStep":
+        """Inputs shaped for the largest step (n_tokens over every cell), for reserve()."""
+        st = KVStep(self, self.size)
+        st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
+        st.mask = g.input("kq_mask", ggml.F16, (self.size, n_tokens))
+        if self.has_swa:
+            st.mask_swa = g.input("kq_mask_swa", ggml.F16, (self.size, n_tokens))
+        return st
+
     def step(self, g, cells, seq_ids, positions, spans=None) -> "KVStep":
         """Declare this step's cache inputs in graph g (call after commit)."""
         n_kv = self.n_kv_for(cells)

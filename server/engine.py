@@ -1,0 +1,312 @@
+"""The engine: a model, its KV cache and the step that runs one batch.
+
+`step()` asks the scheduler for this step's chunks (plain data), turns them into
+one batch of tensors, runs the forward pass (ggml releases the GIL), samples the
+output rows and returns TokenEvents. Only one thread may call the engine at a
+time; the asyncio service applies add/cancel between steps.
+
+KV slots follow llama-server: `n_parallel` slots, each limited to
+n_ctx // n_parallel tokens, so running sequences can never run out of cells. A
+finished sequence's cells stay in its slot: a later prompt with the same prefix
+(in that slot, or shared from any other slot) skips recomputing it.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import numpy as np
+
+from ggserve.models.inputs import ForwardInputs
+from ggserve.models.registry import ModelError, model_class
+from ggserve.models.tokenizer import Tokenizer
+from ggserve.native import ggml
+from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.kv_cache import KVCache
+from ggserve.server.sampling import SamplingParams, sample_batch
+from ggserve.server.scheduler import Scheduler
+from ggserve.server.sequence import Request, Sequence, TokenEvent
+
+__all__ = ["Engine", "Request", "TokenEvent", "EngineError", "ContextLengthExceeded", "SamplingParams"]
+
+log = logging.getLogger("ggserve.engine")
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class ContextLengthExceeded(ValueError):
+    pass
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    def __init__(self, model_path: str, *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_parallel: int = 4, n_threads: int = 0, n_gpu_layers: int = 0,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 chat_template: str | None = None):
+        t0 = time.perf_counter()
+        self.model_path = os.fspath(model_path)
+        self.gguf = GGUFFile(self.model_path)
+        meta = self.gguf.metadata
+        arch = self.gguf.architecture
+        cls = model_class(arch, self.model_path)
+        self.model_name = meta.get("general.name") or os.path.splitext(os.path.basename(self.model_path))[0]
+        if n_parallel < 1 or n_parallel > 64:
+            raise ValueError("n_parallel must be in 1..64")
+        if n_batch < 1:
+            raise ValueError("n_batch must be >= 1")
+        self.n_parallel = n_parallel
+        self.n_batch = n_batch
+        self.kv_size = n_ctx
+        self.n_ctx = n_ctx // n_parallel
+        if self.n_ctx < 8:
+            raise ValueError(f"context {n_ctx} split over {n_parallel} slots leaves {self.n_ctx} tokens per slot")
+
+        self.tokenizer = Tokenizer.from_metadata(meta)
+        self._chat_template_override = chat_template
+
+        self.backend = ggml.Backend(n_threads=n_threads)
+        n_layer = meta.get(f"{arch}.block_count", 0)
+        self._device_of_layer = self._placement(n_layer, n_gpu_layers)
+        self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers))
+        tensors = {}
+        for buf in self.weights.values():
+            tensors.update(buf.tensors)
+        self.model = cls(meta, tensors, self.model_path)
+        self.kv = KVCache(self.backend, self.model.kv_layers(self._device_of_layer), self.kv_size,
+                          ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v))
+        self.scheduler = Scheduler(n_parallel, n_batch)
+        self._slot_tokens: list[list[int]] = [[] for _ in range(n_parallel)]  # what each slot's KV holds
+        self._slot_used_at = [0.0] * n_parallel
+        self._busy: set[int] = set()
+        self._reserve()
+        self.load_seconds = time.perf_counter() - t0
+        self.last_compute_seconds = 0.0
+        self.last_step_seconds = 0.0
+
+    # -- loading -----------------------------------------------------------------
+
+    @functools.cached_property
+    def chat_template(self):
+        """The model's chat template (or the override given at construction)."""
+        from ggserve.models.chat_template import ChatTemplate
+
+        override = self._chat_template_override
+        if override is not None:
+            tok = self.tokenizer
+            return ChatTemplate(override, bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id >= 0 else "",
+                                eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id >= 0 else "")
+        return ChatTemplate.from_metadata(self.gguf.metadata)
+
+    def _placement(self, n_layer, n_gpu_layers):
+        gpus = self.backend.gpus
+        cpu = self.backend.cpu
+        if not gpus or n_gpu_layers <= 0:
+            return lambda il: cpu
+        first_gpu_layer = max(0, n_layer - n_gpu_layers)
+        return lambda il: gpus[0] if il >= first_gpu_layer else cpu
+
+    def _tensor_placement(self, n_layer, n_gpu_layers):
+        """llama.cpp's rule: the last n_gpu_layers blocks on the GPU, the output
+        layer too when n_gpu_layers > n_layer; token embeddings stay on the CPU."""
+        gpus = self.backend.gpus
+        if not gpus or n_gpu_layers <= 0:
+            return {}
+        place = {}
+        for name in self.gguf.tensors:
+            if name.startswith("blk."):
+                il = int(name.split(".")[1])
+                place[name] = self._device_of_layer(il)
+            elif name.startswith("output") and n_gpu_layers > n_layer:
+                place[name] = gpus[0]
+        return place
+
+    def _reserve(self):
+        """Size compute buffers for the worst case: a full batch attending over the whole cache."""
+        n = self.n_batch
+        g = self.backend.graph()
+        try:
+            tokens = g.input("tokens", ggml.I32, (n,))
+            pos = g.input("pos", ggml.I32, (n,))
+            out_ids = g.input("out_ids", ggml.I32, (min(n, self.n_parallel),))
+            st = self.kv.step_worst_case(g, n)
+            g.output(self.model.forward(g, ForwardInputs(tokens, pos, out_ids, st, n)))
+            self.backend.reserve(g)
+        finally:
+            g.close()
+
+    def memory_report(self) -> str:
+        lines = []
+        kv = self.kv.nbytes_by_device()
+        for dev in self.backend.devices:
+            w = sum(b.nbytes for name, b in self.weights.items() if name == dev.name)
+            c = self.backend.compute_bytes.get(dev.name, 0)
+            k = kv.get(dev.name, 0)
+            lines.append(f"{dev.name} ({dev.description}): weights {w / 2**20:.1f} MiB, "
+                         f"KV cache {k / 2**20:.1f} MiB, compute {c / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+    def close(self):
+        self.kv.close()
+        for b in self.weights.values():
+            b.close()
+        self.weights = {}
+        self.backend.close()
+
+    # -- requests ----------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        request.params.validate()
+        if not request.prompt:
+            raise ValueError("the prompt is empty")
+        if len(request.prompt) + 1 > self.n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt has {len(request.prompt)} tokens; the context per sequence is {self.n_ctx}")
+        if request.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        bad = [t for t in request.prompt if not 0 <= t < self.tokenizer.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of the vocabulary (0..{self.tokenizer.n_vocab - 1})")
+        self.scheduler.add(Sequence(request))
+
+    def cancel(self, request_id: str) -> None:
+        seq = self.scheduler.remove(request_id)
+        if seq is not None and seq.slot >= 0:
+            self._release(seq, keep=False)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def stats(self) -> dict:
+        return {
+            "kv_used": self.kv.n_used,
+            "kv_total": self.kv.size,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+        }
+
+    # -- slots and prefix reuse ----------------------------------------------------
+
+    def _assign_slot(self, seq: Sequence) -> None:
+        """Give seq a free slot, reusing the longest cached prefix of its prompt."""
+        free = [s for s in range(self.n_parallel) if s not in self._busy]
+        prompt = seq.tokens
+        # the slot whose own cache shares most; ties: least recently used
+        slot = max(free, key=lambda s: (_common_prefix(self._slot_tokens[s], prompt), -self._slot_used_at[s]))
+        own = _common_prefix(self._slot_tokens[slot], prompt)
+        best_src, best = slot, own
+        for s in range(self.n_parallel):
+            if s != slot:
+                n = _common_prefix(self._slot_tokens[s], prompt)
+                if n > best:
+                    best_src, best = s, n
+        # always compute at least the last prompt token: its logits start generation
+        reuse = min(best, len(prompt) - 1)
+        self.kv.seq_rm(slot, 0 if best_src != slot else reuse)
+        if best_src != slot:
+            self.kv.seq_cp(best_src, slot, 0, reuse)
+        seq.slot = slot
+        seq.n_computed = reuse
+        seq.n_cached = reuse
+        self._slot_tokens[slot] = list(prompt[:reuse])
+        self._busy.add(slot)
+
+    def _release(self, seq: Sequence, keep: bool) -> None:
+        slot = seq.slot
+        if keep:
+            self._slot_tokens[slot] = seq.tokens[: seq.n_computed]
+        else:
+            self.kv.seq_rm(slot)
+            self._slot_tokens[slot] = []
+        self._slot_used_at[slot] = time.monotonic()
+        self._busy.discard(slot)
+        seq.slot = -1
+
+    # -- the step ----------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        t0 = time.perf_counter()
+        events: list[TokenEvent] = []
+        for seq in self.scheduler.admit():
+            self._assign_slot(seq)
+            if seq.request.max_tokens == 0:
+                events.append(self._finish(seq, None, "length"))
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return events
+
+        tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int32) for c in chunks])
+        positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])
+        seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
+        out_rows, out_chunks, row = [], [], 0
+        for c in chunks:
+            row += c.n
+            if c.wants_logits:
+                out_rows.append(row - 1)
+                out_chunks.append(c)
+        n = len(tokens)
+
+        cells = self.kv.find_cells(n)
+        self.kv.commit(cells, seq_ids, positions)
+        for c in chunks:
+            c.seq.n_computed += c.n
+            self._slot_tokens[c.seq.slot] = c.seq.tokens[: c.seq.n_computed]
+
+        logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32))
+        if out_chunks:
+            results = sample_batch(logits, [c.seq.sampler for c in out_chunks])
+            for c, r in zip(out_chunks, results):
+                events.append(self._on_token(c.seq, r))
+        self.last_step_seconds = time.perf_counter() - t0
+        return events
+
+    def _forward(self, tokens, positions, seq_ids, cells, out_rows) -> np.ndarray:
+        n = len(tokens)
+        g = self.backend.graph()
+        try:
+            t_tokens = g.input("tokens", ggml.I32, (n,))
+            t_pos = g.input("pos", ggml.I32, (n,))
+            t_out = g.input("out_ids", ggml.I32, (max(1, len(out_rows)),)) if len(out_rows) != n else None
+            st = self.kv.step(g, cells, seq_ids, positions)
+            logits = g.output(self.model.forward(g, ForwardInputs(t_tokens, t_pos, t_out, st, n)))
+            values = {t_tokens: tokens, t_pos: positions, **st.values}
+            if t_out is not None:
+                values[t_out] = out_rows if len(out_rows) else np.zeros(1, np.int32)
+            t = time.perf_counter()
+            self.backend.compute(g, values)
+            self.last_compute_seconds = time.perf_counter() - t
+            out = logits.read()
+            return out.reshape(-1, self.model.n_vocab)[: len(out_rows)]
+        finally:
+            g.close()
+
+    def _on_token(self, seq: Sequence, r) -> TokenEvent:
+        seq.tokens.append(r.token)
+        seq.n_generated += 1
+        seq.sampler.accept(r.token)
+        reason = None
+        if self.tokenizer.is_eog(r.token) and not seq.request.ignore_eos:
+            reason = "stop"
+        elif seq.n_generated >= seq.request.max_tokens or len(seq.tokens) >= self.n_ctx:
+            reason = "length"
+        ev = TokenEvent(seq.id, r.token, r.logprob, r.top, reason, seq.n_prompt, seq.n_cached)
+        if reason is not None:
+            self.scheduler.remove(seq.id)
+            self._release(seq, keep=True)
+        return ev
+
+    def _finish(self, seq: Sequence, token, reason) -> TokenEvent:
+        self.scheduler.remove(seq.id)
+        self._release(seq, keep=True)
+        return TokenEvent(seq.id, token, None, [], reason, seq.n_prompt, seq.n_cached)
