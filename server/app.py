@@ -58,16 +58,13 @@ def load_engine(cfg: ServerConfig):
     t0 = time.perf_counter()
     log.info("loading model %s (n_ctx=%d, n_parallel=%d, n_batch=%d, n_gpu_layers=%d)",
              cfg.model, cfg.n_ctx, cfg.n_parallel, cfg.n_batch, cfg.n_gpu_layers)
+    template = None
+    if cfg.chat_template_file:
+        with open(cfg.chat_template_file, encoding="utf-8") as f:
+            template = f.read()
     engine = Engine(cfg.model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
                     n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
-                    n_gpu_layers=cfg.n_gpu_layers)
-    if cfg.chat_template_file:
-        from ggserve.models.chat_template import ChatTemplate
-
-        with open(cfg.chat_template_file, encoding="utf-8") as f:
-            source = f.read()
-        engine.chat_template = ChatTemplate.from_tokenizer(source, engine.tokenizer) \
-            if hasattr(ChatTemplate, "from_tokenizer") else ChatTemplate(source)
+                    n_gpu_layers=cfg.n_gpu_layers, chat_template=template)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:

@@ -285,25 +285,27 @@ class Service:
     # -- the loop -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        engine = self.engine
         while True:
-            self._apply()
-            if not engine.has_work():
-                self._wake.clear()
-                if self._adds or self._cancels:
-                    continue
-                await self._wake.wait()
-                continue
-            t0 = time.perf_counter()
             try:
-                events = await loop.run_in_executor(self._executor, engine.step)
+                await self._iteration()
+            except asyncio.CancelledError:
+                raise
             except Exception as e:
-                log.exception("engine step failed")
-                self._fail_all(APIError(500, f"Engine error: {e}"))
-                continue
-            self.metrics.step_seconds.observe(time.perf_counter() - t0)
-            self._dispatch(events)
+                # never let one bad step kill the loop: fail what runs, keep serving
+                log.exception("engine loop error")
+                self._fail_all(APIError(500, f"Engine error: {type(e).__name__}: {e}"))
+
+    async def _iteration(self) -> None:
+        self._apply()
+        if not self.engine.has_work():
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        events = await loop.run_in_executor(self._executor, self.engine.step)
+        self.metrics.step_seconds.observe(time.perf_counter() - t0)
+        self._dispatch(events)
 
     def _apply(self) -> None:
         engine = self.engine
@@ -324,9 +326,9 @@ class Service:
                     engine.add(r)
                     added.append(r.id)
             except Exception as e:
+                fut.set_exception(e)
                 for rid in added:
                     engine.cancel(rid)
-                fut.set_exception(e)
                 continue
             for i, c in enumerate(job.choices):
                 self._live[c.request_id] = (job, i)
@@ -358,6 +360,11 @@ class Service:
         self._update_stats()
 
     def _fail_all(self, err: APIError) -> None:
+        for job, fut in self._adds:
+            if not fut.done():
+                fut.set_exception(err)
+        self._adds.clear()
+        self._cancels.clear()
         for rid, (job, _) in list(self._live.items()):
             try:
                 self.engine.cancel(rid)
