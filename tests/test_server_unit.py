@@ -448,3 +448,40 @@ def test_fake_api_key():
         assert r.status_code == 200
         assert httpx.get(srv.url + "/health").status_code == 200
         assert httpx.get(srv.url + "/v1/models").status_code == 200
+
+
+# -- CLI ----------------------------------------------------------------------------------
+
+def test_cli_flags_and_env(monkeypatch, tmp_path):
+    from ggserve.server import cli
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "2048")
+    monkeypatch.setenv("LLAMA_ARG_N_PARALLEL", "3")
+    monkeypatch.setenv("LLAMA_ARG_ENDPOINT_METRICS", "1")
+    monkeypatch.setenv("LLAMA_API_KEY", "a,b")
+    args = cli.serve_parser().parse_args(["-m", str(model), "-np", "6", "-ngl", "99",
+                                          "-b", "128", "-t", "2", "-a", "smol"])
+    cfg = cli.config_from_args(args)
+    assert (cfg.n_ctx, cfg.n_parallel, cfg.n_gpu_layers, cfg.n_batch, cfg.n_threads) == \
+        (2048, 6, 99, 128, 2)      # the flag wins over the environment
+    assert cfg.metrics and cfg.api_keys == ["a", "b"] and cfg.alias == "smol"
+    args = cli.serve_parser().parse_args(["-m", str(model), "--n-gpu-layers", "5",
+                                          "--ctx-size", "64", "--parallel", "2"])
+    assert (args.n_gpu_layers, args.ctx_size, args.parallel) == (5, 64, 2)
+
+
+def test_cli_default_model_and_help(capsys):
+    from ggserve.server import cli
+
+    assert cli.default_model() is None or cli.default_model().endswith(".gguf")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--model", "--ctx-size", "-np", "--batch-size", "--n-gpu-layers",
+                 "--threads", "--host", "--port", "--api-key", "--alias",
+                 "--chat-template-file", "--metrics", "--mmproj", "LLAMA_ARG_CTX_SIZE"):
+        assert flag in out
+    assert cli.main(["bogus"]) == 2
