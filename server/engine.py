@@ -196,6 +196,13 @@ class Engine:
             "waiting": len(self.scheduler.waiting),
         }
 
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (only between requests: nothing may be running)."""
+        if self.scheduler.running:
+            raise EngineError("cannot clear the KV cache while sequences are running")
+        self.kv.clear()
+        self._slot_tokens = [[] for _ in range(self.n_parallel)]
+
     # -- slots and prefix reuse ----------------------------------------------------
 
     def _assign_slot(self, seq: Sequence) -> None:

@@ -1,0 +1,21 @@
+"""Running the engine to completion, for tests (no server involved)."""
+from ggserve.server.engine import Engine, Request
+from ggserve.server.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, top_k=1, n_probs=10)
+
+
+def generate(engine: Engine, prompts: dict[str, list[int]], max_tokens: int,
+             params: SamplingParams = GREEDY) -> dict[str, list]:
+    """Run every prompt (id -> token ids) together; return id -> list of TokenEvents."""
+    for rid, ids in prompts.items():
+        engine.add(Request(rid, list(ids), params, max_tokens=max_tokens, ignore_eos=True))
+    events: dict[str, list] = {rid: [] for rid in prompts}
+    while engine.has_work():
+        for ev in engine.step():
+            events[ev.request_id].append(ev)
+    return events
+
+
+def tokens(events) -> list[int]:
+    return [e.token for e in events if e.token is not None]
