@@ -1,0 +1,295 @@
+"""Vision encoders and projectors of llama.cpp mmproj files, on our ggml graph API.
+
+ref: llama.cpp tools/mtmd/clip.cpp (build_inp, build_vit, build_attn, build_ffn,
+build_patch_merge_permute), models/siglip.cpp (gemma3, idefics3), models/llava.cpp (mlp).
+
+  gemma3    SigLIP ViT -> post LN -> 4x4 average pool -> RMS norm (soft_emb_norm)
+            -> input projection
+  idefics3  SigLIP ViT -> post LN -> pixel shuffle (scale s) -> linear (mm.model.fc)
+  mlp       CLIP ViT with a class token and pre LN, all blocks but the last (feature
+            layer -2) -> patch rows -> mm.0 -> GELU -> mm.2
+
+Attention is flash attention with K/V cast to f16 and no mask (llama.cpp's clip
+default resolves to flash attention on CPU and CUDA).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ggserve.models.registry import ModelError
+from ggserve.models.vision.mmproj import VisionConfig, open_mmproj
+from ggserve.models.vision.preprocess import Plan, Tiles, preprocessor_for, to_rgb
+from ggserve.models.weights import Weights
+from ggserve.native import ggml
+
+# llama.cpp's llava graph concatenates the class embedding *after* the patches while
+# its inputs still assume CLS first (positions 0..n, output rows 1..n): every patch
+# gets its neighbour's position embedding, patch 0 is dropped and the CLS output
+# becomes the last image token. We reproduce that so embeddings match llama.cpp.
+# ref: ggml-org/llama.cpp issue 25814 / PR 25844 (open when the golden data were made)
+LLAVA_CLS_LAST = True
+
+
+class Block:
+    def __init__(self, w: Weights, i: int, e: int, f: int):
+        p = f"v.blk.{i}."
+        self.ln1_w = w.get(p + "ln1.weight", (e,))
+        self.ln1_b = w.get(p + "ln1.bias", (e,), required=False)
+        self.wq = w.get(p + "attn_q.weight", (e, e))
+        self.wk = w.get(p + "attn_k.weight", (e, e))
+        self.wv = w.get(p + "attn_v.weight", (e, e))
+        self.bq = w.get(p + "attn_q.bias", (e,), required=False)
+        self.bk = w.get(p + "attn_k.bias", (e,), required=False)
+        self.bv = w.get(p + "attn_v.bias", (e,), required=False)
+        self.wo = w.get(p + "attn_out.weight", (e, e))
+        self.bo = w.get(p + "attn_out.bias", (e,), required=False)
+        self.ln2_w = w.get(p + "ln2.weight", (e,))
+        self.ln2_b = w.get(p + "ln2.bias", (e,), required=False)
+        self.up = w.get(p + "ffn_up.weight", (e, f))
+        self.up_b = w.get(p + "ffn_up.bias", (f,), required=False)
+        self.down = w.get(p + "ffn_down.weight", (f, e))
+        self.down_b = w.get(p + "ffn_down.bias", (e,), required=False)
+
+
+def _add(g, x, b):
+    return g.add(x, b) if b is not None else x
+
+
+def _layer_norm(g, x, w, b, eps):
+    x = g.norm(x, eps)
+    if w is not None:
+        x = g.mul(x, w)
+    return _add(g, x, b)
+
+
+class VisionModel:
+    """An mmproj's vision encoder + projector: image -> tiles -> [n_tokens, n_embd_out] per tile.
+
+    Weights live in backend buffers (mmap on CPU); each tile is one graph computed
+    with backend.compute. Call close() to release the weights.
+    """
+
+    def __init__(self, cfg: VisionConfig, tensors: dict, path: str, backend, buffers: dict):
+        self.config = cfg
+        self.path = path
+        self.backend = backend
+        self._buffers = buffers
+        self._pre = preprocessor_for(cfg)
+        self.projector = cfg.projector
+        e, f = cfg.n_embd, cfg.n_ff
+        n_pos = cfg.patches_per_side ** 2
+        w = Weights(tensors, path)
+        p = cfg.patch_size
+        self.patch_embd = w.get("v.patch_embd.weight", (p, p, 3, e))
+        self.patch_bias = w.get("v.patch_embd.bias", (e,), required=False)
+        self.class_embd = w.get("v.class_embd", (e,), required=cfg.projector == "mlp")
+        if self.class_embd is not None:
+            n_pos += 1
+        self.pos_embd = w.get("v.position_embd.weight", (e, n_pos))
+        self.pre_ln_w = w.get("v.pre_ln.weight", (e,), required=False)
+        self.pre_ln_b = w.get("v.pre_ln.bias", (e,), required=False)
+        self.post_ln_w = w.get("v.post_ln.weight", (e,), required=False)
+        self.post_ln_b = w.get("v.post_ln.bias", (e,), required=False)
+        self.blocks = [Block(w, i, e, f) for i in range(cfg.n_layer)]
+
+        if cfg.projector == "gemma3":
+            self.soft_emb_norm = w.get("mm.soft_emb_norm.weight", (e,))
+            proj = w.get("mm.input_projection.weight")
+            self.input_proj = w.get("mm.input_projection.weight", (proj.ne[0], e))
+            self.n_embd_out = proj.ne[0]
+        elif cfg.projector == "idefics3":
+            fc = w.get("mm.model.fc.weight")
+            s = cfg.n_merge
+            self.fc = w.get("mm.model.fc.weight", (e * s * s, fc.ne[1]))
+            self.n_embd_out = fc.ne[1]
+        else:  # mlp
+            mm0 = w.get("mm.0.weight")
+            t0 = mm0.ne[1]
+            self.mm0 = w.get("mm.0.weight", (e, t0))
+            self.mm0_b = w.get("mm.0.bias", (t0,))
+            mm2 = w.get("mm.2.weight")
+            self.n_embd_out = mm2.ne[1]
+            self.mm2 = w.get("mm.2.weight", (t0, self.n_embd_out))
+            self.mm2_b = w.get("mm.2.bias", (self.n_embd_out,))
+
+    # -- loading -------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, path, backend, device=None) -> "VisionModel":
+        """Load an mmproj onto `device` (default: the backend's first device, a GPU if any).
+
+        Raises ModelError naming the file for a missing, truncated or corrupt file,
+        an unsupported projector type, or a missing or misshapen tensor.
+        """
+        path = os.fspath(path)
+        gguf, cfg = open_mmproj(path)
+        device = device if device is not None else backend.devices[0]
+        try:
+            buffers = backend.load_weights(gguf, {name: device for name in gguf.tensors})
+        except ggml.GGMLError as e:
+            raise ModelError(f"{path}: {e}" if path not in str(e) else str(e)) from None
+        tensors = {}
+        for b in buffers.values():
+            tensors.update(b.tensors)
+        try:
+            return cls(cfg, tensors, path, backend, buffers)
+        except Exception:
+            for b in buffers.values():
+                b.close()
+            raise
+
+    def close(self) -> None:
+        for b in self._buffers.values():
+            b.close()
+        self._buffers = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
+
+    # -- preprocessing ---------------------------------------------------------------
+
+    def plan(self, width: int, height: int) -> Plan:
+        return self._pre.plan(width, height)
+
+    def preprocess(self, image) -> Tiles:
+        """A PIL image (or uint8 [H, W, 3] array) -> its float32 CHW tiles, with grid_x / grid_y."""
+        rgb = image if isinstance(image, np.ndarray) else to_rgb(image)
+        return self._pre(rgb)
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return self.config.tokens_per_tile
+
+    def tokens_per_image(self, image) -> int:
+        """Embedding rows the image produces over all its tiles (wrapper text tokens excluded).
+
+        `image` is a PIL image or a (width, height) pair; no pixels are processed.
+        """
+        width, height = image if isinstance(image, tuple) else image.size
+        return self.plan(width, height).n_tiles * self.tokens_per_tile
+
+    # -- graphs ----------------------------------------------------------------------
+
+    def build(self, g, width: int, height: int):
+        """Add the encoder for one width x height tile to graph g -> (inp_raw, output).
+
+        inp_raw: f32 ne [width, height, 3] (a CHW array); output: f32 [n_embd_out, n_tokens].
+        """
+        cfg = self.config
+        p = cfg.patch_size
+        if width % p or height % p:
+            raise ValueError(f"tile {width}x{height} is not a multiple of the patch size {p}")
+        nx, ny = width // p, height // p
+        n_patches = nx * ny
+        e = cfg.n_embd
+        inp_raw = g.input("inp_raw", ggml.F32, (width, height, 3))
+        x = g.conv_2d(self.patch_embd, inp_raw, p, p)                    # [nx, ny, e]
+        x = g.cont(g.transpose(g.reshape(x, n_patches, e)))               # [e, n_patches]
+        x = _add(g, x, self.patch_bias)
+
+        if cfg.projector == "mlp":
+            if LLAVA_CLS_LAST:
+                x = g.concat(x, self.class_embd, 1)                       # [e, n_patches + 1]
+            else:
+                x = g.concat(self.class_embd, x, 1)
+            x = self._vit(g, g.add(x, self.pos_embd), n_patches + 1, cfg.n_layer - 1)
+            # patch rows 1..n (llama.cpp's "patches" input)
+            x = g.view(x, (e, n_patches), (x.nb[1],), x.nb[1])
+            x = g.add(g.mul_mat(self.mm0, x), self.mm0_b)
+            x = g.gelu(x)
+            x = g.add(g.mul_mat(self.mm2, x), self.mm2_b)                 # [n_embd_out, n_patches]
+        elif cfg.projector == "gemma3":
+            if nx != ny:
+                raise ValueError("gemma3 tiles are square")
+            x = self._vit(g, g.add(x, self.pos_embd), n_patches, cfg.n_layer)
+            k = cfg.n_merge
+            x = g.reshape(g.cont(g.transpose(x)), nx, ny, e, 1)           # [nx, ny, e]
+            x = g.pool_2d(x, ggml.POOL_AVG, k, k, k, k, 0, 0)             # [nx/k, ny/k, e]
+            n_out = (nx // k) * (ny // k)
+            x = g.cont(g.transpose(g.reshape(x, n_out, e, 1)))            # [e, n_out]
+            x = g.mul(g.rms_norm(x, cfg.eps), self.soft_emb_norm)
+            x = g.mul_mat(g.cont(g.transpose(self.input_proj)), x)        # [n_embd_out, n_out]
+        else:  # idefics3
+            x = self._vit(g, g.add(x, self.pos_embd), n_patches, cfg.n_layer)
+            x = self._pixel_shuffle(g, x, nx, ny, cfg.n_merge)           # [e*s*s, n_out]
+            x = g.mul_mat(self.fc, x)                                     # [n_embd_out, n_out]
+        x.set_name("vision_out")
+        return inp_raw, g.output(x)
+
+    def _vit(self, g, x, n_pos: int, n_blocks: int):
+        """Pre LN, n_blocks pre-norm transformer blocks, post LN. x: [e, n_pos]."""
+        cfg = self.config
+        e, eps = cfg.n_embd, cfg.eps
+        n_head = cfg.n_head
+        d_head = e // n_head
+        kq_scale = 1.0 / math.sqrt(d_head)
+        act = {"gelu": g.gelu, "gelu_quick": g.gelu_quick, "silu": g.silu}[cfg.ffn_op]
+        if self.pre_ln_w is not None:
+            x = _layer_norm(g, x, self.pre_ln_w, self.pre_ln_b, eps)
+        for B in self.blocks[:n_blocks]:
+            h = _layer_norm(g, x, B.ln1_w, B.ln1_b, eps)
+            q = g.reshape(_add(g, g.mul_mat(B.wq, h), B.bq), d_head, n_head, n_pos)
+            k = g.reshape(_add(g, g.mul_mat(B.wk, h), B.bk), d_head, n_head, n_pos)
+            v = g.reshape(_add(g, g.mul_mat(B.wv, h), B.bv), d_head, n_head, n_pos)
+            q = g.permute(q, 0, 2, 1, 3)                                  # [d, n_pos, n_head]
+            k = g.cast(g.permute(k, 0, 2, 1, 3), ggml.F16)
+            v = g.cast(g.permute(v, 0, 2, 1, 3), ggml.F16)
+            a = g.flash_attn(q, k, v, None, kq_scale)                     # [d, n_head, n_pos]
+            a = _add(g, g.mul_mat(B.wo, g.reshape(a, e, n_pos)), B.bo)
+            x = g.add(a, x)
+            h = _layer_norm(g, x, B.ln2_w, B.ln2_b, eps)
+            h = act(_add(g, g.mul_mat(B.up, h), B.up_b))
+            h = _add(g, g.mul_mat(B.down, h), B.down_b)
+            x = g.add(x, h)
+        if self.post_ln_w is not None:
+            x = _layer_norm(g, x, self.post_ln_w, self.post_ln_b, eps)
+        return x
+
+    @staticmethod
+    def _pixel_shuffle(g, x, nx: int, ny: int, s: int):
+        """[e, nx*ny] -> [e*s*s, (nx/s)*(ny/s)]: each s x s patch group's channels side by side.
+
+        ref: clip.cpp build_patch_merge_permute (idefics3 tiles are multiples of s).
+        """
+        e = x.ne[0]
+        x = g.reshape(x, e * s, nx // s, ny)
+        x = g.permute(x, 0, 2, 1, 3)                                      # [e*s, ny, nx/s]
+        x = g.reshape(g.cont(x), e * s * s, ny // s, nx // s)
+        x = g.permute(x, 0, 2, 1, 3)                                      # [e*s*s, nx/s, ny/s]
+        return g.reshape(g.cont(x), e * s * s, (nx // s) * (ny // s))
+
+    def max_graph(self):
+        """The worst-case vision graph (the largest tile) for backend.reserve; caller closes it."""
+        g = self.backend.graph()
+        side = self.config.image_size
+        self.build(g, side, side)
+        return g
+
+    # -- encoding --------------------------------------------------------------------
+
+    def encode(self, tile: np.ndarray) -> np.ndarray:
+        """One float32 [3, H, W] tile -> float32 [n_tokens, n_embd_out] embeddings."""
+        tile = np.ascontiguousarray(tile, dtype=np.float32)
+        if tile.ndim != 3 or tile.shape[0] != 3:
+            raise ValueError(f"a tile is float32 [3, H, W], got shape {tile.shape}")
+        g = self.backend.graph()
+        try:
+            inp, out = self.build(g, tile.shape[2], tile.shape[1])
+            self.backend.compute(g, {inp: tile})
+            return out.read().reshape(-1, self.n_embd_out)
+        finally:
+            g.close()
+
+    def encode_image(self, image) -> list[np.ndarray]:
+        """Preprocess and encode every tile of an image, in order."""
+        return [self.encode(t) for t in self.preprocess(image)]
