@@ -79,7 +79,7 @@ class Gemma3Model:
     def forward(self, g, inp):
         """-> logits [n_vocab, n_outputs]."""
         n_tokens = inp.n_tokens
-        x = g.scale(g.get_rows(self.tok_embd, inp.tokens), math.sqrt(self.n_embd))
+        x = inp.embed(g, self.tok_embd, math.sqrt(self.n_embd))
         for il, L in enumerate(self.layers):
             swa = self.is_swa(il)
             base = SWA_ROPE_BASE if swa else self.rope_base

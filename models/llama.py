@@ -74,7 +74,7 @@ class LlamaModel:
     def forward(self, g, inp):
         """-> logits [n_vocab, n_outputs]."""
         n_tokens = inp.n_tokens
-        x = g.get_rows(self.tok_embd, inp.tokens)                       # [n_embd, n_tokens]
+        x = inp.embed(g, self.tok_embd)                                  # [n_embd, n_tokens]
         for il, L in enumerate(self.layers):
             h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
             q = g.mul_mat(L.wq, h)

@@ -54,7 +54,8 @@ class Engine:
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_batch: int = 512,
                  n_parallel: int = 4, n_threads: int = 0, n_gpu_layers: int = 0,
                  cache_type_k: str = "f16", cache_type_v: str = "f16",
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, mmproj: str | None = None,
+                 image_cache_mb: int = 256):
         t0 = time.perf_counter()
         self.model_path = os.fspath(model_path)
         self.gguf = GGUFFile(self.model_path)
@@ -86,6 +87,15 @@ class Engine:
         self.model = cls(meta, tensors, self.model_path)
         self.kv = KVCache(self.backend, self.model.kv_layers(self._device_of_layer), self.kv_size,
                           ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v))
+        self.vision = None
+        if mmproj is not None:
+            from ggserve.models.vision import VisionModel
+
+            self.vision = VisionModel.from_gguf(mmproj, self.backend)
+            if self.vision.n_embd_out != self.model.n_embd:
+                raise ModelError(f"{mmproj}: projects to {self.vision.n_embd_out} dims, "
+                                 f"the text model has {self.model.n_embd}")
+        self.images = ImageStore(image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch)
         self._slot_tokens: list[list[int]] = [[] for _ in range(n_parallel)]  # what each slot's KV holds
         self._slot_used_at = [0.0] * n_parallel
@@ -145,6 +155,12 @@ class Engine:
             self.backend.reserve(g)
         finally:
             g.close()
+        if self.vision is not None:
+            g = self.vision.max_graph()
+            try:
+                self.backend.reserve(g)
+            finally:
+                g.close()
 
     def memory_report(self) -> str:
         lines = []
@@ -158,11 +174,36 @@ class Engine:
         return "\n".join(lines)
 
     def close(self):
+        if self.vision is not None:
+            self.vision.close()
         self.kv.close()
         for b in self.weights.values():
             b.close()
         self.weights = {}
         self.backend.close()
+
+    # -- prompts -------------------------------------------------------------------
+
+    def build_prompt(self, text: str, images: list = ()) -> tuple[list[int], list]:
+        """Rendered chat text with one media marker per image -> (tokens, image spans).
+
+        images: (sha256, PIL image) pairs in marker order. Without images the text is
+        tokenized as llama-server does (BOS per the model, special tokens parsed).
+        """
+        from ggserve.models.vision.arrange import MEDIA_MARKER, arrange
+
+        parts = text.split(MEDIA_MARKER)
+        if len(parts) - 1 != len(images):
+            raise ValueError(f"the prompt has {len(parts) - 1} image markers for {len(images)} images")
+        if not images:
+            return self.tokenizer.encode(text, add_special=True, parse_special=True), []
+        if self.vision is None:
+            raise ValueError("this model does not support images (start the server with --mmproj)")
+        pieces = [parts[0]]
+        for (sha, image), after in zip(images, parts[1:]):
+            pieces.append((sha, self.vision.preprocess(image)))
+            pieces.append(after)
+        return arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile)
 
     # -- requests ----------------------------------------------------------------
 
@@ -175,7 +216,13 @@ class Engine:
                 f"the prompt has {len(request.prompt)} tokens; the context per sequence is {self.n_ctx}")
         if request.max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
-        bad = [t for t in request.prompt if not 0 <= t < self.tokenizer.n_vocab]
+        rows = {i for span in request.images for i in range(span.start, span.end)}
+        bad = [t for i, t in enumerate(request.prompt) if i not in rows and not 0 <= t < self.tokenizer.n_vocab]
+        if request.images and self.vision is None:
+            raise ValueError("this model does not support images (start the server with --mmproj)")
+        too_long = [s for s in request.images if s.bidirectional and s.n > self.n_batch]
+        if too_long:
+            raise ValueError(f"an image needs {too_long[0].n} tokens in one batch; the batch size is {self.n_batch}")
         if bad:
             raise ValueError(f"token id {bad[0]} is out of the vocabulary (0..{self.tokenizer.n_vocab - 1})")
         self.scheduler.add(Sequence(request))
@@ -194,6 +241,9 @@ class Engine:
             "kv_total": self.kv.size,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
+            "image_cache_hits": self.images.hits,
+            "image_cache_misses": self.images.misses,
+            "images_encoded": self.images.encoded,
         }
 
     def clear_cache(self) -> None:
@@ -220,6 +270,9 @@ class Engine:
                     best_src, best = s, n
         # always compute at least the last prompt token: its logits start generation
         reuse = min(best, len(prompt) - 1)
+        span = seq.span_at(reuse)
+        if span is not None and span.bidirectional:
+            reuse = span.start     # a bidirectional image is reused whole or not at all
         self.kv.seq_rm(slot, 0 if best_src != slot else reuse)
         if best_src != slot:
             self.kv.seq_cp(best_src, slot, 0, reuse)
@@ -249,11 +302,11 @@ class Engine:
             self._assign_slot(seq)
             if seq.request.max_tokens == 0:
                 events.append(self._finish(seq, None, "length"))
-        chunks = self.scheduler.schedule()
+        chunks = self._encode_images(self.scheduler.schedule())
         if not chunks:
             return events
 
-        tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int32) for c in chunks])
+        tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
         positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])
         seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
         out_rows, out_chunks, row = [], [], 0
@@ -264,13 +317,15 @@ class Engine:
                 out_chunks.append(c)
         n = len(tokens)
 
+        images, spans = self._image_rows(chunks, n)
         cells = self.kv.find_cells(n)
-        self.kv.commit(cells, seq_ids, positions)
+        self.kv.commit(cells, seq_ids, positions, spans)
         for c in chunks:
             c.seq.n_computed += c.n
             self._slot_tokens[c.seq.slot] = c.seq.tokens[: c.seq.n_computed]
 
-        logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32))
+        logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32),
+                               images, spans)
         if out_chunks:
             results = sample_batch(logits, [c.seq.sampler for c in out_chunks])
             for c, r in zip(out_chunks, results):
@@ -278,16 +333,90 @@ class Engine:
         self.last_step_seconds = time.perf_counter() - t0
         return events
 
-    def _forward(self, tokens, positions, seq_ids, cells, out_rows) -> np.ndarray:
+    def _encode_images(self, chunks):
+        """Make sure every image row the chunks need has its embedding. At most one
+        tile is encoded per step, so decodes keep flowing while images encode: a chunk
+        that reaches a second unencoded tile stops just before it."""
+        budget = 1
+        kept = []
+        for c in chunks:
+            end = c.start + c.n
+            for span in c.seq.images:
+                if span.end <= c.start or span.start >= end:
+                    continue
+                cached = span.key in self.images
+                if span.start >= c.start and not getattr(span, "counted", False):
+                    span.counted = True       # count each image of a request once
+                    if cached:
+                        self.images.hits += 1
+                    else:
+                        self.images.misses += 1
+                if cached:
+                    continue
+                if budget == 0:
+                    end = span.start if span.start > c.start else c.start
+                    break
+                self.images.put(span.key, self.vision.encode(span.tile))
+                budget -= 1
+            if end > c.start:
+                c.n = end - c.start
+                c.wants_logits = end == len(c.seq.tokens)
+                kept.append(c)
+        return kept
+
+    def _image_rows(self, chunks, n):
+        """Embedding rows of the batch's image positions, and per-row span ids
+        (non-zero for rows of bidirectional spans) for the KV mask."""
+        rows, span_ids, row = [], np.zeros(n, dtype=np.int64), 0
+        for c in chunks:
+            for span in c.seq.images:
+                lo, hi = max(span.start, c.start), min(span.end, c.start + c.n)
+                if lo >= hi:
+                    continue
+                emb = self.images.get(span.key)
+                if emb is None:            # evicted since it was checked: encode again
+                    emb = self.vision.encode(span.tile)
+                    self.images.put(span.key, emb)
+                rows.append((row + lo - c.start, emb[lo - span.start:hi - span.start]))
+                if span.bidirectional:
+                    span_ids[row + lo - c.start: row + hi - c.start] = self._span_key(c.seq, span)
+            row += c.n
+        if not rows:
+            return None, None
+        return rows, span_ids
+
+    def _span_key(self, seq, span) -> int:
+        # unique per (sequence slot, image position): cells of one image occurrence
+        return 1 + seq.slot * (1 << 40) + span.start
+
+    def _forward(self, tokens, positions, seq_ids, cells, out_rows, images=None, spans=None) -> np.ndarray:
         n = len(tokens)
         g = self.backend.graph()
         try:
-            t_tokens = g.input("tokens", ggml.I32, (n,))
+            is_token = tokens >= 0
+            n_tok = int(is_token.sum())
+            t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n,))
             t_out = g.input("out_ids", ggml.I32, (max(1, len(out_rows)),)) if len(out_rows) != n else None
-            st = self.kv.step(g, cells, seq_ids, positions)
-            logits = g.output(self.model.forward(g, ForwardInputs(t_tokens, t_pos, t_out, st, n)))
-            values = {t_tokens: tokens, t_pos: positions, **st.values}
+            st = self.kv.step(g, cells, seq_ids, positions, spans)
+            inp = ForwardInputs(t_tokens, t_pos, t_out, st, n)
+            values = {t_pos: positions, **st.values}
+            if n_tok:
+                values[t_tokens] = tokens[is_token].astype(np.int32)
+            if images:
+                n_img = n - n_tok
+                emb = np.empty((n_img, self.model.n_embd), dtype=np.float32)
+                image_row_index = np.cumsum(~is_token) - 1
+                for at, block in images:
+                    emb[image_row_index[at]: image_row_index[at] + len(block)] = block
+                inp.images = g.input("image_embd", ggml.F32, (self.model.n_embd, n_img))
+                values[inp.images] = emb
+                if n_tok:
+                    # concat(token rows, image rows) -> batch order
+                    order = np.where(is_token, np.cumsum(is_token) - 1, n_tok + image_row_index)
+                    inp.order = g.input("row_order", ggml.I32, (n,))
+                    values[inp.order] = order.astype(np.int32)
+            logits = g.output(self.model.forward(g, inp))
             if t_out is not None:
                 values[t_out] = out_rows if len(out_rows) else np.zeros(1, np.int32)
             t = time.perf_counter()
@@ -317,3 +446,36 @@ class Engine:
         self.scheduler.remove(seq.id)
         self._release(seq, keep=True)
         return TokenEvent(seq.id, token, None, [], reason, seq.n_prompt, seq.n_cached)
+
+
+class ImageStore:
+    """Image embeddings by content key (sha256 of the image + tile), least recently
+    used first out when over the byte budget. An image is encoded once; later
+    chunks and later requests take its rows from here."""
+
+    def __init__(self, max_bytes: int):
+        import collections
+
+        self.max_bytes = max_bytes
+        self._items = collections.OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.encoded = 0
+
+    def __contains__(self, key) -> bool:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return True
+        return False
+
+    def get(self, key) -> np.ndarray | None:
+        return self._items.get(key)
+
+    def put(self, key, emb: np.ndarray) -> None:
+        self.encoded += 1
+        self._items[key] = emb
+        self.nbytes += emb.nbytes
+        while self.nbytes > self.max_bytes and len(self._items) > 1:
+            _, old = self._items.popitem(last=False)
+            self.nbytes -= old.nbytes

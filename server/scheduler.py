@@ -60,7 +60,9 @@ class Scheduler:
                 budget -= 1
         for s in self.running:
             if s.prefilling and budget > 0:
-                n = min(s.n_pending, budget)
+                n = s.fit_chunk(s.n_computed, min(s.n_pending, budget))
+                if n == 0:
+                    continue   # an image span that must share a batch waits for the next step
                 chunks.append(Chunk(s, s.n_computed, n, s.n_computed + n == len(s.tokens)))
                 budget -= n
         return chunks

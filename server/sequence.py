@@ -13,6 +13,7 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
     ignore_eos: bool = False
+    images: list = field(default_factory=list)   # TileSpans: image rows within `prompt`
 
 
 @dataclass
@@ -38,7 +39,9 @@ class Sequence:
         self.n_cached = 0
         self.n_generated = 0
         self.slot = -1
-        self.sampler = SequenceSampler(request.params, request.prompt)
+        self.images = request.images
+        # penalties only ever see real tokens, never image placeholders
+        self.sampler = SequenceSampler(request.params, [t for t in request.prompt if t >= 0])
 
     @property
     def id(self) -> str:
@@ -52,3 +55,19 @@ class Sequence:
     @property
     def prefilling(self) -> bool:
         return self.n_computed < self.n_prompt
+
+    def span_at(self, index: int):
+        """The image span containing token index `index`, or None."""
+        for span in self.images:
+            if span.start <= index < span.end:
+                return span
+        return None
+
+    def fit_chunk(self, start: int, n: int) -> int:
+        """Shorten a chunk [start, start+n) so it does not cut a bidirectional image
+        span (those rows must share a batch); may return 0."""
+        end = start + n
+        for span in self.images:
+            if span.bidirectional and span.start < end < span.end:
+                return max(0, span.start - start) if span.start >= start else n
+        return n

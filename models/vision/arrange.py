@@ -1,0 +1,92 @@
+"""Where each projector's image embeddings go in the prompt, as llama.cpp's mtmd places them.
+
+The rendered chat text carries one media marker per image. Text between markers
+is tokenized piece by piece (BOS only before the first piece), and each image
+becomes its wrapper text plus one span of embedding rows per tile:
+
+- gemma3: <start_of_image> [256 rows, bidirectional] <end_of_image>
+- idefics3: per tile "<fake_token_around_image><row_R_col_C>" [64 rows], "\\n" after each
+  row of tiles, then "\\n<fake_token_around_image><global-img>" [64 rows, overview]
+  "<fake_token_around_image>"
+- mlp (LLaVA-1.5): the span alone
+ref: llama.cpp tools/mtmd/mtmd.cpp (mtmd_tokenize) and the prompt layouts in
+shared/golden/out/multimodal.json.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEDIA_MARKER = "<__media__>"
+
+
+@dataclass
+class TileSpan:
+    """One tile's embedding rows in the prompt."""
+
+    start: int          # index in the prompt's tokens
+    n: int              # embedding rows
+    key: str            # content hash of the image + tile index: the multimodal store's key
+    tile: object        # float32 [3, H, W] pixels to encode (dropped once encoded)
+    bidirectional: bool  # rows attend to each other both ways (and must share a batch)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.n
+
+
+def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int) -> tuple[list[int], list[TileSpan]]:
+    """pieces: str (text) or (sha256, Tiles) in prompt order -> (token ids, spans).
+
+    Image rows hold negative placeholder ids derived from the image hash, so
+    prefix matching compares images by content like tokens.
+    """
+    tokens: list[int] = []
+    spans: list[TileSpan] = []
+    first = True
+    if projector == "idefics3":
+        # llama.cpp looks these up in the text model's vocabulary and refuses the
+        # request when they are missing (mtmd.cpp lookup_token)
+        for name in ("<fake_token_around_image>", "<global-img>"):
+            if tokenizer.token_to_id(name) is None:
+                raise ValueError(f"the text model has no {name} token, which idefics3 images need")
+
+    def text(s: str) -> None:
+        nonlocal first
+        if s or first:
+            tokens.extend(tokenizer.encode(s, add_special=first, parse_special=True))
+        first = False
+
+    def image(sha: str, index: int, tile, bidirectional: bool) -> None:
+        key = f"{sha}:{index}"
+        placeholder = -1 - (int(sha[:12], 16) * 64 + index) % (2**62)
+        spans.append(TileSpan(len(tokens), tokens_per_tile, key, tile, bidirectional))
+        tokens.extend([placeholder] * tokens_per_tile)
+
+    for piece in pieces:
+        if isinstance(piece, str):
+            text(piece)
+            continue
+        sha, tiles = piece
+        if first:
+            text("")
+        if projector == "gemma3":
+            text("<start_of_image>")
+            image(sha, 0, tiles[0], True)
+            text("<end_of_image>")
+        elif projector == "idefics3":
+            if tiles.grid_x and tiles.grid_y:
+                for r in range(tiles.grid_y):
+                    for c in range(tiles.grid_x):
+                        text(f"<fake_token_around_image><row_{r + 1}_col_{c + 1}>")
+                        image(sha, r * tiles.grid_x + c, tiles[r * tiles.grid_x + c], False)
+                    if r < tiles.grid_y - 1:
+                        text("\n")
+                text("\n\n<fake_token_around_image><global-img>")
+            else:
+                text("<fake_token_around_image><global-img>")
+            image(sha, len(tiles) - 1, tiles[-1], False)
+            text("<fake_token_around_image>")
+        else:
+            for i, t in enumerate(tiles):
+                image(sha, i, t, False)
+    return tokens, spans
