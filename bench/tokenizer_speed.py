@@ -10,11 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-# this file is named like the stdlib's tokenize module: keep its folder off the path
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-
-import codecs  # noqa: E402
+import codecs
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402

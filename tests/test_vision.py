@@ -33,17 +33,6 @@ PROJECTORS = ("gemma3", "idefics3", "mlp")
 
 
 @pytest.fixture(scope="session")
-def mmproj_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mmproj")
-    subprocess.run([sys.executable, os.path.join(DATA, "make_mmproj.py"), "--out-dir", str(d)],
-                   check=True, capture_output=True)
-    for name, info in GOLDEN["mmproj"].items():
-        with open(d / name, "rb") as f:
-            assert hashlib.sha256(f.read()).hexdigest() == info["sha256"], f"{name} differs from the golden file"
-    return d
-
-
-@pytest.fixture(scope="session")
 def backend():
     b = ggml.Backend(n_threads=2, use_gpu=False)
     yield b

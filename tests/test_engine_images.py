@@ -1,0 +1,192 @@
+"""Images through the engine: prompt layout and token counts as llama.cpp's mtmd,
+greedy answers against llama.cpp's, encode-once store, chunking across batches.
+
+Data: tests/data/multimodal.json (from shared/golden: llama-server chat completions
+with one image_url part + "Describe this image.", greedy, 16 tokens). JPEG cases use
+the pixels llama.cpp's stb_image decoded (tests/data/vision/*.stb.png), since Pillow's
+JPEG decoder differs by up to 3 levels.
+"""
+import hashlib
+import json
+import os
+import pathlib
+
+import pytest
+from PIL import Image
+
+from ggserve.server.engine import Engine, Request
+from ggserve.server.sampling import SamplingParams
+
+HERE = pathlib.Path(__file__).parent
+GOLDEN = json.loads((HERE / "data" / "multimodal.json").read_text())["configs"]
+IMAGES = HERE / "data" / "vision"
+GREEDY = SamplingParams(temperature=0.0, top_k=1, n_probs=10)
+CONFIGS = ["gemma3_f16", "gemma3_f32", "idefics3_f16", "idefics3_f32", "mlp_f16", "mlp_f32"]
+
+
+def _image(name):
+    """(sha256 of the file bytes, the pixels llama.cpp decoded)."""
+    data = (IMAGES / name).read_bytes()
+    img = Image.open(IMAGES / f"{name}.stb.png" if name.endswith(".jpg") else IMAGES / name)
+    img.load()
+    return hashlib.sha256(data).hexdigest(), img
+
+
+def _image_or_same_size(case):
+    """The golden image, or for the two large ones not copied here (noise, 2048x2048)
+    a blank image of the same size: the layout depends only on the size."""
+    if (IMAGES / case["image"]).exists():
+        return _image(case["image"])
+    return "0" * 64, Image.new("RGB", tuple(case["image_size"]))
+
+
+@pytest.fixture(scope="module")
+def engines(mmproj_dir, gemma3_path, smollm2_path, smolvlm_text_path):
+    text = {"gemma3": gemma3_path, "idefics3": smolvlm_text_path, "mlp": smollm2_path}
+    made = {}
+    for name in CONFIGS:
+        cfg = GOLDEN[name]
+        made[name] = Engine(text[cfg["projector"]], n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
+                            mmproj=str(mmproj_dir / cfg["mmproj"]))
+    yield made
+    for e in made.values():
+        e.close()
+
+
+def _cases(configs):
+    for name in configs:
+        for r in GOLDEN[name]["results"]:
+            if r["accepted"]:
+                yield pytest.param(name, r, id=f"{name}-{r['image']}")
+
+
+def _run(engine, prompt, spans, max_tokens, params=GREEDY):
+    engine.add(Request("img", prompt, params, max_tokens=max_tokens, ignore_eos=True, images=spans))
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    return events
+
+
+@pytest.mark.parametrize("name,case", _cases(CONFIGS))
+def test_prompt_tokens_equal_llama_cpp(engines, name, case):
+    prompt, spans = engines[name].build_prompt(case["apply_template_prompt"], [_image_or_same_size(case)])
+    assert len(prompt) == case["prompt_tokens"]
+
+
+def test_idefics3_refuses_a_text_model_without_image_tokens(mmproj_dir, smollm2_path):
+    # llama.cpp answers 400 "Invalid token" here (golden: idefics3_f16_unmodified_smollm2)
+    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2,
+               mmproj=str(mmproj_dir / "mmproj-synth-idefics3-f16.gguf"))
+    with pytest.raises(ValueError, match="<fake_token_around_image>"):
+        e.build_prompt("<__media__>Describe this image.", [_image("grad_64x64.png")])
+    e.close()
+
+
+def test_image_without_mmproj_is_refused(smollm2_path):
+    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2)
+    with pytest.raises(ValueError, match="does not support images"):
+        e.build_prompt("<__media__>Describe this image.", [_image("grad_64x64.png")])
+    e.close()
+
+
+GREEDY_CASES = [("mlp_f16", "grad_64x64.png"), ("mlp_f16", "checker_300x200.png"),
+                ("gemma3_f16", "checker_300x200.png"), ("gemma3_f16", "tall_200x600.png")]
+
+
+def _golden(name, image):
+    return next(r for r in GOLDEN[name]["results"] if r["image"] == image)
+
+
+@pytest.mark.parametrize("name,image", GREEDY_CASES)
+def test_greedy_answer_equals_llama_cpp(engines, name, image):
+    case = _golden(name, image)
+    e = engines[name]
+    e.clear_cache()
+    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image(image)])
+    ours = [ev.token for ev in _run(e, prompt, spans, len(case["generated_ids"]))]
+    gold = case["generated_ids"]
+    i = next((k for k, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
+    if i is not None:
+        top = sorted((lp for _, lp in case["steps"][i]["top_logprobs"]), reverse=True)
+        assert top[0] - top[1] < 0.02, f"diverged at step {i}: ours {ours[i]}, llama.cpp {gold[i]}"
+
+
+def test_same_image_twice_skips_the_encoder(engines):
+    e = engines["mlp_f16"]
+    case = _golden("mlp_f16", "checker_300x200.png")
+    e.clear_cache()
+    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("checker_300x200.png")])
+    first = [ev.token for ev in _run(e, prompt, spans, 8)]
+    encoded = e.stats()["images_encoded"]
+    e.clear_cache()                 # no prefix reuse: only the image store can help
+    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("checker_300x200.png")])
+    hits = e.stats()["image_cache_hits"]
+    second = [ev.token for ev in _run(e, prompt, spans, 8)]
+    assert e.stats()["images_encoded"] == encoded
+    assert e.stats()["image_cache_hits"] == hits + 1
+    assert second == first
+
+
+def test_image_longer_than_the_batch_is_split_across_batches(mmproj_dir, smollm2_path):
+    case = _golden("mlp_f16", "grad_64x64.png")
+    answers = []
+    for n_batch in (1024, 100):       # the image is 576 rows
+        e = Engine(smollm2_path, n_ctx=2048, n_batch=n_batch, n_parallel=1, n_threads=2,
+                   mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"))
+        prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("grad_64x64.png")])
+        answers.append([ev.token for ev in _run(e, prompt, spans, 8)])
+        e.close()
+    assert answers[0] == answers[1]
+
+
+def test_gemma3_image_stays_in_one_batch(mmproj_dir, gemma3_path):
+    # 256 bidirectional rows must share a batch: with -b 300 the text before the
+    # image goes first, then the whole span, never a split span
+    e = Engine(gemma3_path, n_ctx=2048, n_batch=300, n_parallel=1, n_threads=2,
+               mmproj=str(mmproj_dir / "mmproj-synth-gemma3-f16.gguf"))
+    case = _golden("gemma3_f16", "grad_64x64.png")
+    prompt, spans = e.build_prompt("x " * 60 + case["apply_template_prompt"], [_image("grad_64x64.png")])
+    seq_chunks = []
+    e.add(Request("g", prompt, GREEDY, max_tokens=1, ignore_eos=True, images=spans))
+    while e.has_work():
+        before = e.scheduler.running[0].n_computed if e.scheduler.running else None
+        e.step()
+        after = e.scheduler.running[0].n_computed if e.scheduler.running else len(prompt)
+        if before is not None:
+            seq_chunks.append((before, after))
+    span = spans[0]
+    for lo, hi in seq_chunks:
+        assert not (lo < span.start < hi < span.end) and not (span.start < lo < span.end)
+    e.close()
+
+
+def test_text_streams_keep_decoding_while_an_image_encodes(engines, smollm2_path):
+    e = engines["gemma3_f16"]
+    e.clear_cache()
+    # (engine has 1 slot) a second engine with slots for 1 image + 4 text streams
+    eng = Engine(e.model_path, n_ctx=4096, n_batch=512, n_parallel=5, n_threads=2,
+                 mmproj=e.vision.path)
+    texts = {f"t{i}": eng.tokenizer.encode(p, add_special=True) for i, p in
+             enumerate(["The capital of France is", "Once upon a time", "1, 2, 3,", "def fib(n):"])}
+    solo = {}
+    for rid, ids in texts.items():
+        eng.clear_cache()
+        eng.add(Request(rid, ids, GREEDY, max_tokens=12, ignore_eos=True))
+        out = []
+        while eng.has_work():
+            out += [ev.token for ev in eng.step()]
+        solo[rid] = out
+    eng.clear_cache()
+    case = _golden("gemma3_f16", "checker_300x200.png")
+    prompt, spans = eng.build_prompt(case["apply_template_prompt"], [_image("checker_300x200.png")])
+    for rid, ids in texts.items():
+        eng.add(Request(rid, ids, GREEDY, max_tokens=12, ignore_eos=True))
+    eng.add(Request("img", prompt, GREEDY, max_tokens=4, ignore_eos=True, images=spans))
+    got = {rid: [] for rid in texts}
+    while eng.has_work():
+        for ev in eng.step():
+            if ev.request_id in got:
+                got[ev.request_id].append(ev.token)
+    eng.close()
+    assert got == solo
