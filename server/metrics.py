@@ -31,6 +31,11 @@ class Metrics:
             "ggserve_requests_running", "Sequences being processed", registry=r)
         self.kv_used = Gauge("ggserve_kv_cells_used", "KV cache cells in use", registry=r)
         self.kv_total = Gauge("ggserve_kv_cells_total", "KV cache cells", registry=r)
+        # image tiles: found already encoded (hit) or encoded now (miss); totals from the engine
+        self.image_cache_hits = Gauge(
+            "ggserve_image_cache_hits_total", "Image tiles served from the embedding cache", registry=r)
+        self.image_cache_misses = Gauge(
+            "ggserve_image_cache_misses_total", "Image tiles that had to be encoded", registry=r)
         self.ttft = Histogram(
             "ggserve_time_to_first_token_seconds", "Time from request to first token",
             buckets=_LATENCY_BUCKETS, registry=r)
@@ -46,6 +51,8 @@ class Metrics:
         self.kv_total.set(stats.get("kv_total", 0))
         self.running.set(stats.get("running", 0))
         self.queue_depth.set(stats.get("waiting", 0))
+        self.image_cache_hits.set(stats.get("image_cache_hits", 0))
+        self.image_cache_misses.set(stats.get("image_cache_misses", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

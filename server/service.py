@@ -241,7 +241,7 @@ class Service:
 
     async def submit(self, prompts: list[list[int]], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
-                     n_probs: int = 0) -> Job:
+                     n_probs: int = 0, images: list | None = None) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad params,
         queue full)."""
@@ -261,9 +261,10 @@ class Service:
         for p, c, prm in zip(prompts, job.choices, params):
             room = n_ctx - len(p)
             limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
+            extra = {"images": list(images)} if images else {}
             requests.append(self._make_request(id=c.request_id, prompt=list(p),
                                                params=prm, max_tokens=limit,
-                                               ignore_eos=ignore_eos))
+                                               ignore_eos=ignore_eos, **extra))
         job.requests = requests
         fut = asyncio.get_running_loop().create_future()
         self._adds.append((job, fut))
