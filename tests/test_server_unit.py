@@ -206,6 +206,10 @@ class FakeEngine:
         self.reply = list(REPLY.encode()) + [257]
         self.lock = threading.Lock()   # catches two threads in the engine at once
         self.closed = False
+        self.vision = None
+
+    def build_prompt(self, text, images=()):
+        return self.tokenizer.encode(text, add_special=True, parse_special=True), []
 
     def _guard(self):
         assert self.lock.acquire(blocking=False), "engine called concurrently"
