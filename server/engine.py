@@ -24,7 +24,7 @@ from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer import Tokenizer
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.kv_cache import KVCache
+from ggserve.server.kv_cache import SCRATCH_SEQ, KVCache
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler
 from ggserve.server.sequence import Request, Sequence, TokenEvent
@@ -63,8 +63,8 @@ class Engine:
         arch = self.gguf.architecture
         cls = model_class(arch, self.model_path)
         self.model_name = meta.get("general.name") or os.path.splitext(os.path.basename(self.model_path))[0]
-        if n_parallel < 1 or n_parallel > 64:
-            raise ValueError("n_parallel must be in 1..64")
+        if n_parallel < 1 or n_parallel > 63:
+            raise ValueError("n_parallel must be in 1..63")
         if n_batch < 1:
             raise ValueError("n_batch must be >= 1")
         self.n_parallel = n_parallel
@@ -324,6 +324,15 @@ class Engine:
 
         images, spans = self._image_rows(chunks, n)
         cells = self.kv.find_cells(n)
+        if self.kv.needs_scratch_row(n, cells):
+            # a second row that attends only to the scratch cell (kv_cache.needs_scratch_row)
+            tokens = np.append(tokens, 0)
+            positions = np.append(positions, np.int32(0))
+            seq_ids = np.append(seq_ids, SCRATCH_SEQ)
+            cells = np.append(cells, 0)
+            if spans is not None:
+                spans = np.append(spans, 0)
+            n += 1
         self.kv.commit(cells, seq_ids, positions, spans)
         for c in chunks:
             c.seq.n_computed += c.n

@@ -14,7 +14,9 @@ import numpy as np
 
 from ggserve.native import ggml
 
-MAX_SEQS = 64          # sequences are bits of a uint64
+MAX_SEQS = 63          # sequences are bits of a uint64; bit 63 owns the scratch cell
+SCRATCH_SEQ = 63       # cell 0 belongs to this pseudo-sequence (see KVCache.scratch_row)
+SPLIT_KV_MIN = 512     # ggml's CPU flash attention splits the cells across threads from here
 N_KV_PAD = 256         # attend over a multiple of 256 cells, as llama.cpp does
 
 _NEG_INF = np.float16(-np.inf)
@@ -43,6 +45,7 @@ class KVCache:
         self.type_v = type_v
         self.pos = np.full(size, -1, dtype=np.int32)
         self.seqs = np.zeros(size, dtype=np.uint64)
+        self._reserve_scratch()
         # span id per cell: cells of one bidirectional span (an image) see each other
         self.span = np.zeros(size, dtype=np.int64)
         self.buffers = []
@@ -70,9 +73,20 @@ class KVCache:
 
     # -- bookkeeping -------------------------------------------------------------
 
+    def _reserve_scratch(self) -> None:
+        self.pos[0] = 0
+        self.seqs[0] = np.uint64(1) << np.uint64(SCRATCH_SEQ)
+
+    def needs_scratch_row(self, n_rows: int, cells: np.ndarray) -> bool:
+        """Why: ggml's CPU flash attention takes another code path (cells split across
+        threads, partial sums combined) for a batch of exactly one row over >= 512
+        cells, and that path rounds differently. A second row keeps every batch on one
+        path, so a sequence's tokens do not depend on what else is running."""
+        return n_rows == 1 and self.n_kv_for(cells) >= SPLIT_KV_MIN
+
     @property
     def n_used(self) -> int:
-        return int(np.count_nonzero(self.seqs))
+        return int(np.count_nonzero(self.seqs)) - 1     # the scratch cell is not a token
 
     @property
     def n_free(self) -> int:
@@ -107,6 +121,7 @@ class KVCache:
             sel &= self.pos < p1
         self.seqs[sel] &= ~bit
         self.pos[self.seqs == 0] = -1
+        self._reserve_scratch()
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Let dst share src's cells with p0 <= pos < p1 (no copy: cells are shared)."""
@@ -126,6 +141,7 @@ class KVCache:
         self.pos[:] = -1
         self.seqs[:] = 0
         self.span[:] = 0
+        self._reserve_scratch()
 
     # -- per-step graph inputs -----------------------------------------------------
 
