@@ -110,20 +110,20 @@ def _shared_system_prompt() -> str:
             "in one short paragraph.\n\n" + _words(random.Random(1234), SYSTEM_WORDS))
 
 
-def text_messages(rnd: int, i: int) -> list[dict]:
-    """Request i of round rnd: lengths cycle short, medium, long; the tag up front keeps
+def text_messages(tag: str, i: int) -> list[dict]:
+    """Request i of a cell: lengths cycle short, medium, long; the tag up front keeps
     the prompt unique (no cache hit beyond the chat template's own header)."""
     name = list(TEXT_LENGTHS)[i % len(TEXT_LENGTHS)]
-    rng = random.Random(f"text-{rnd}-{i}")
+    rng = random.Random(f"text-{tag}")
     body = _words(rng, TEXT_LENGTHS[name])
-    return [{"role": "user", "content": f"[{rnd}.{i}] Summarize these notes:\n{body}"}]
+    return [{"role": "user", "content": f"[{tag}] Summarize these notes:\n{body}"}]
 
 
-def prefix_messages(rnd: int, i: int) -> list[dict]:
+def prefix_messages(tag: str) -> list[dict]:
     """A long system prompt common to all requests, a short unique question."""
-    q = _words(random.Random(f"prefix-{rnd}-{i}"), SHORT_Q_WORDS)
+    q = _words(random.Random(f"prefix-{tag}"), SHORT_Q_WORDS)
     return [{"role": "system", "content": _shared_system_prompt()},
-            {"role": "user", "content": f"Question {rnd}.{i}: what do the records say about {q}"}]
+            {"role": "user", "content": f"Question {tag}: what do the records say about {q}"}]
 
 
 def _data_url(raw: bytes, mime: str) -> str:
@@ -163,22 +163,25 @@ class ImageSet:
         return _data_url(buf.getvalue(), "image/png")
 
 
-def image_messages(images: ImageSet, url: str, rnd: int, i: int) -> list[dict]:
-    q = _words(random.Random(f"image-{rnd}-{i}"), 8)
+def image_messages(images: ImageSet, url: str, tag: str) -> list[dict]:
+    q = _words(random.Random(f"image-{tag}"), 8)
     return [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": url}},
-        {"type": "text", "text": f"[{rnd}.{i}] Describe this image briefly. {q}"}]}]
+        {"type": "text", "text": f"[{tag}] Describe this image briefly. {q}"}]}]
 
 
-def make_messages(workload: str, rnd: int, n: int, images: ImageSet | None) -> list[list[dict]]:
+def make_messages(workload: str, rnd: int, c: int, n: int, images: ImageSet | None) -> list[list[dict]]:
+    """The n requests of one cell, the same for every server. The tag (round,
+    concurrency, index) makes each request's own part new to the server's caches."""
+    tags = [f"r{rnd}c{c}-{i}" for i in range(n)]
     if workload == "text":
-        return [text_messages(rnd, i) for i in range(n)]
+        return [text_messages(t, i) for i, t in enumerate(tags)]
     if workload == "prefix":
-        return [prefix_messages(rnd, i) for i in range(n)]
+        return [prefix_messages(t) for t in tags]
     if workload == "image-new":
-        return [image_messages(images, images.fresh(i, f"{rnd}.{i}"), rnd, i) for i in range(n)]
+        return [image_messages(images, images.fresh(i, t), t) for i, t in enumerate(tags)]
     if workload == "image-repeat":
-        return [image_messages(images, images.original(0), rnd, i) for i in range(n)]
+        return [image_messages(images, images.original(0), t) for t in tags]
     raise ValueError(workload)
 
 
@@ -657,7 +660,7 @@ def parse_args(argv=None):
     ap.add_argument("--concurrency", default="1,4,8", help="comma-separated (default 1,4,8)")
     ap.add_argument("--requests", type=int, default=0,
                     help="requests per server, workload, concurrency and round "
-                         "(default: max(8, 2 x concurrency))")
+                         "(default: max(4, 2 x concurrency))")
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds (default 2)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     ap.add_argument("--workloads", default="text,prefix,image-new,image-repeat",
@@ -677,7 +680,11 @@ def parse_args(argv=None):
                                                   "results", "serve.json"))
     ap.add_argument("--plot", help="write a PNG of throughput and TTFT against concurrency")
     ap.add_argument("--log-dir", help="where server logs go (default: a temporary folder)")
+    ap.add_argument("--report", metavar="JSON",
+                    help="run nothing: print the table (and --plot) of an earlier run's JSON")
     args = ap.parse_args(argv)
+    if args.report:
+        return args
 
     args.model = args.model or default_model()
     if not args.model or not os.path.exists(args.model):
@@ -704,12 +711,12 @@ def parse_args(argv=None):
 
 
 def n_requests(args, c: int) -> int:
-    return args.requests or max(8, 2 * c)
+    return args.requests or max(4, 2 * c)
 
 
 def probe_images(server: Server, images: ImageSet) -> str | None:
     """None if the server answers an image request, else its reason."""
-    body = request_body(server.model_id, image_messages(images, images.original(0), 0, 0), 1)
+    body = request_body(server.model_id, image_messages(images, images.original(0), "probe"), 1)
     body["stream"] = False
     body.pop("stream_options")
     try:
@@ -754,7 +761,7 @@ def run(args) -> dict:
             order = servers if rnd % 2 == 0 else servers[::-1]
             for w in args.workloads:
                 for c in args.concurrency:
-                    msgs = make_messages(w, rnd, n_requests(args, c), images)
+                    msgs = make_messages(w, rnd, c, n_requests(args, c), images)
                     for s in order:
                         if w in s.skip:
                             continue
@@ -801,8 +808,29 @@ def run(args) -> dict:
     return doc
 
 
+def report(path: str, plot_path: str | None) -> int:
+    with open(path) as f:
+        doc = json.load(f)
+    nan = float("nan")
+    recs = [{k: (nan if v is None else v) for k, v in r.items()} for r in doc["results"]]
+    env, cfg = doc["env"], doc["config"]
+    print(f"{doc['created']}  {env['cpu']} x{env['cpus']}  ggserve {env.get('ggserve')} "
+          f"({env.get('ggserve_git')})  llama-server: {env.get('llama_server')}")
+    print(f"model {os.path.basename(cfg['model'])}, threads {cfg['threads']}, ctx {cfg['ctx']}, "
+          f"slots {cfg['parallel']}, max_tokens {cfg['max_tokens']}, rounds {cfg['rounds']}, "
+          f"{doc.get('total_s', 0):.0f} s")
+    print_table(recs, doc.get("ratios", []))
+    if plot_path:
+        plot(recs, plot_path, f"{os.path.basename(cfg['model'])}, {cfg['threads']} threads — "
+                              f"{doc['created'][:10]}")
+        print(f"wrote {plot_path}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return report(args.report, args.plot)
     # SIGTERM takes the same way out as Ctrl-C: through the finally that stops the servers
     def on_term(*_):
         raise KeyboardInterrupt

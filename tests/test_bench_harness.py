@@ -79,11 +79,13 @@ def test_summarize_ratios_and_table(capsys):
 
 
 def test_prompts_are_deterministic_and_unique():
-    a = serve.make_messages("text", 0, 6, None)
-    assert a == serve.make_messages("text", 0, 6, None)
+    a = serve.make_messages("text", 0, 1, 6, None)
+    assert a == serve.make_messages("text", 0, 1, 6, None)
     assert len({json.dumps(m) for m in a}) == 6
-    assert serve.make_messages("text", 1, 1, None) != a[:1]          # rounds do not share prompts
-    p = serve.make_messages("prefix", 0, 3, None)
+    assert len({len(m[0]["content"]) // 100 for m in a}) == 3          # three lengths
+    assert serve.make_messages("text", 1, 1, 1, None) != a[:1]       # rounds do not share prompts
+    assert serve.make_messages("text", 0, 4, 1, None) != a[:1]       # nor concurrency levels
+    p = serve.make_messages("prefix", 0, 1, 3, None)
     assert len({m[0]["content"] for m in p}) == 1                   # one shared system prompt
     assert len({m[1]["content"] for m in p}) == 3
 
@@ -170,3 +172,16 @@ def test_harness_stops_server_on_interrupt(tmp_path, smollm2_path):
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health", timeout=2)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_report_reprints_a_saved_run(tmp_path, capsys):
+    recs = [serve.summarize(_fake_cell(srv), max_tokens=4) for srv in (serve.GG, serve.LL)]
+    doc = serve.common.envelope("serve", {"model": "/m/x.gguf", "threads": 2, "ctx": 4096,
+                                          "parallel": 4, "max_tokens": 4, "rounds": 1},
+                                recs, ratios=serve.ratios(recs), total_s=1.0)
+    path = tmp_path / "r.json"
+    serve.common.write_json(str(path), doc)
+    assert "NaN" not in path.read_text()
+    assert serve.main(["--report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "x.gguf" in out and "ggserve/llama" in out and "1.00x" in out
