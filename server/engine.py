@@ -77,8 +77,10 @@ class Engine:
         self.tokenizer = Tokenizer.from_metadata(meta)
         self._chat_template_override = chat_template
 
-        self.backend = ggml.Backend(n_threads=n_threads)
         n_layer = meta.get(f"{arch}.block_count", 0)
+        # graph size: ~60 nodes per layer plus 5 per attention row group (kv_cache.ROW_GROUP)
+        max_nodes = max(16384, n_layer * (64 + 5 * (-(-n_batch // 32))) + 4096)
+        self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes)
         self._device_of_layer = self._placement(n_layer, n_gpu_layers)
         self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers))
         tensors = {}

@@ -202,6 +202,23 @@ class KVCache:
         return st
 
 
+# ggml's CPU flash attention computes a batch of >= 64 query rows with a tiled
+# f32 kernel and smaller batches row by row (f16 accumulation); a lone row over
+# >= 512 cells is split across threads. Attending in groups of at most ROW_GROUP
+# rows (never a lone row: see KVCache.needs_scratch_row) keeps every row on the
+# row-by-row kernel, so a sequence's tokens never depend on what shares its batch.
+ROW_GROUP = 32
+
+
+def _row_groups(n: int) -> list[tuple[int, int]]:
+    bounds = list(range(0, n, ROW_GROUP)) + [n]
+    groups = list(zip(bounds[:-1], bounds[1:]))
+    if len(groups) > 1 and groups[-1][1] - groups[-1][0] == 1:
+        (a, _), (_, d) = groups[-2], groups[-1]
+        groups[-2:] = [(a, d)]            # merge a lone last row into the group before
+    return groups
+
+
 class KVStep:
     """One step's view of the cache: slots to write, masks, and attention over cells."""
 
@@ -232,7 +249,16 @@ class KVStep:
         vview = g.view(vc, (head_dim_v, n_head_kv, self.n_kv), (rv, vc.nb[1]), 0)
         kview = g.permute(kview, 0, 2, 1, 3)          # [head_dim, n_kv, n_head_kv]
         vview = g.permute(vview, 0, 2, 1, 3)
-        qp = g.permute(q, 0, 2, 1, 3)                 # [head_dim, n_tokens, n_head]
         mask = self.mask_swa if cache.layers[il].sliding_window else self.mask
-        out = g.flash_attn(qp, kview, vview, mask, scale, 0.0, softcap)  # [head_dim_v, n_head, n_tokens]
+        # Row groups below ggml's tiled threshold: every row then takes the same
+        # per-row kernel whatever else is in the batch (see ROW_GROUP).
+        outs = []
+        for t0, t1 in _row_groups(n_tokens):
+            qg = g.view(q, (q.ne[0], q.ne[1], t1 - t0), (q.nb[1], q.nb[2]), t0 * q.nb[2])
+            mg = g.view(mask, (self.n_kv, t1 - t0), (mask.nb[1],), t0 * mask.nb[1])
+            qg = g.permute(qg, 0, 2, 1, 3)            # [head_dim, rows, n_head]
+            outs.append(g.flash_attn(qg, kview, vview, mg, scale, 0.0, softcap))  # [head_dim_v, n_head, rows]
+        out = outs[0]
+        for o in outs[1:]:
+            out = g.concat(out, o, 2)
         return g.reshape(out, head_dim_v * q.ne[1], n_tokens)
