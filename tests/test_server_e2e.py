@@ -30,7 +30,7 @@ def _smollm2_path(request) -> str:
 
 
 def _serve(path, **kw) -> RunningServer:
-    cfg = dict(n_ctx=N_CTX, n_parallel=N_PARALLEL, n_batch=256, metrics=True)
+    cfg = dict(n_ctx=N_CTX, n_parallel=N_PARALLEL, n_batch=256, n_threads=1, metrics=True)
     cfg.update(kw)
     return RunningServer(create_app(ServerConfig(model=path, **cfg)))
 
