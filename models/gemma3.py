@@ -43,14 +43,7 @@ class Gemma3Model:
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
-        self.arch = hp.arch
-        self.n_embd = hp.get("embedding_length", required=True)
-        self.n_layer = hp.get("block_count", required=True)
-        self.n_head = hp.get("attention.head_count", required=True)
-        self.n_head_kv = hp.get("attention.head_count_kv", self.n_head)
-        self.head_dim = hp.get("attention.key_length", self.n_embd // self.n_head)
-        self.n_ff = hp.get("feed_forward_length", required=True)
-        self.eps = hp.get("attention.layer_norm_rms_epsilon", 1e-6)
+        hp.read_transformer(self, 1e-6)
         self.n_ctx_train = hp.get("context_length", 32768)
         self.rope_base = hp.get("rope.freq_base", 1000000.0)
         factor = hp.get("rope.scaling.factor", 0.0)

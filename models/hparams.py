@@ -17,3 +17,14 @@ class HParams:
         if required:
             raise ModelError(f"{self.path}: missing metadata {full!r}")
         return default
+
+    def read_transformer(self, model, eps_default: float) -> None:
+        """Set the dimensions every decoder-only transformer has on `model`."""
+        model.arch = self.arch
+        model.n_embd = self.get("embedding_length", required=True)
+        model.n_layer = self.get("block_count", required=True)
+        model.n_head = self.get("attention.head_count", required=True)
+        model.n_head_kv = self.get("attention.head_count_kv", model.n_head)
+        model.head_dim = self.get("attention.key_length", model.n_embd // model.n_head)
+        model.n_ff = self.get("feed_forward_length", required=True)
+        model.eps = self.get("attention.layer_norm_rms_epsilon", eps_default)
