@@ -22,14 +22,12 @@ LOGPROB_TOL = 0.05
 # to ~0.4 in top-5 logprobs on these prompts. Strict: a fix makes these tests fail
 # until the marker is removed.
 KNOWN_TOKEN_MISMATCH = {
-    ("smollm2", "story"), ("smollm2", "translate"), ("smollm2", "cjk"), ("smollm2", "single_word"),
-    ("smollm2", "long_prose"), ("smollm2", "chatml_boiling"), ("smollm2", "chatml_list"),
-    ("gemma3", "capital"), ("gemma3", "story"), ("gemma3", "code_fib"), ("gemma3", "cjk"),
-    ("gemma3", "single_word"),
+    ("smollm2", "story"), ("smollm2", "code_fib"), ("smollm2", "translate"), ("smollm2", "cjk"),
+    ("smollm2", "single_word"), ("smollm2", "long_prose"), ("smollm2", "chatml_list"),
+    ("gemma3", "capital"), ("gemma3", "code_fib"), ("gemma3", "single_word"), ("gemma3", "long_prose"),
 }
-KNOWN_LOGPROB_MISMATCH = {(m, c["key"]) for m in DATA["models"] for c in DATA["models"][m]} - {
-    ("smollm2", "long_code"),
-}
+# every case: the largest top-5 difference is 0.1-0.5 somewhere in 48 steps
+KNOWN_LOGPROB_MISMATCH = {(m, c["key"]) for m in DATA["models"] for c in DATA["models"][m]}
 
 
 def _cases(known):
