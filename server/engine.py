@@ -325,7 +325,7 @@ class Engine:
         n = len(tokens)
 
         images, spans = self._image_rows(chunks, n)
-        cells = self.kv.find_cells(n)
+        cells = self.kv.find_cells_for([c.seq.slot for c in chunks], [c.n for c in chunks])
         if self.kv.needs_scratch_row(n, cells):
             # a second row that attends only to the scratch cell (kv_cache.needs_scratch_row)
             tokens = np.append(tokens, 0)

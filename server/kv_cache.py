@@ -105,6 +105,32 @@ class KVCache:
             raise KVCacheFull(f"need {n} KV cells, {len(free)} free")
         return free[:n]
 
+    def find_cells_for(self, seqs: list[int], counts: list[int]) -> np.ndarray:
+        """Plan cells for a batch made of `counts[i]` new tokens of sequence `seqs[i]`.
+
+        Why: flash attention visits cells in index order and rounds as it goes, so a
+        sequence must see its tokens in the same order however its cells were
+        obtained (fresh, or a prefix shared from another sequence). Each sequence's
+        new cells therefore come after every cell it already has; only when no
+        room is left above does it take lower cells. No mutation.
+        """
+        free = self.seqs == 0
+        if int(free.sum()) < sum(counts):
+            raise KVCacheFull(f"need {sum(counts)} KV cells, {int(free.sum())} free")
+        out = []
+        for seq, n in zip(seqs, counts):
+            bit = np.uint64(1) << np.uint64(seq)
+            mine = np.flatnonzero((self.seqs & bit) != 0)
+            above = np.flatnonzero(free[mine[-1] + 1:]) + mine[-1] + 1 if len(mine) else np.flatnonzero(free)
+            cells = above[:n]
+            if len(cells) < n:
+                rest = np.flatnonzero(free)
+                rest = rest[~np.isin(rest, cells)]
+                cells = np.sort(np.concatenate([cells, rest[: n - len(cells)]]))
+            free[cells] = False
+            out.append(cells)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
     def commit(self, cells: np.ndarray, seq_ids: np.ndarray, positions: np.ndarray,
                spans: np.ndarray | None = None) -> None:
         """Apply a plan: cells now hold these sequences' tokens at these positions."""

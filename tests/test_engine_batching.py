@@ -65,6 +65,22 @@ def test_a_long_sequence_decoded_alone_equals_decoded_with_others(smollm2_path):
     assert tokens(together["long"]) == alone
 
 
+def test_reusing_a_cached_prefix_gives_the_same_tokens(smollm2_path):
+    prefix = CASES[8]["prompt_ids"][:200]                 # 200 tokens of long_prose
+    question = FOUR["capital"]
+    e = _engine(smollm2_path)
+    fresh = tokens(generate(e, {"q": prefix + question}, 24)["q"])
+    e.close()
+    e = _engine(smollm2_path, n_parallel=2)
+    generate(e, {"low": FOUR["counting"]}, 30)            # slot 0: the low cells
+    generate(e, {"warm": prefix + FOUR["story"]}, 4)      # slot 1: the prefix, above them
+    generate(e, {"other": FOUR["code_fib"]}, 2)           # slot 0 again: frees most low cells
+    events = generate(e, {"q": prefix + question}, 24)["q"]   # reuses slot 1's prefix
+    e.close()
+    assert events[0].n_cached >= 190
+    assert tokens(events) == fresh
+
+
 def test_temperature_zero_equals_greedy(smollm2_path, solo_tokens):
     e = _engine(smollm2_path)
     got = tokens(generate(e, {"c": FOUR["capital"]}, 32, SamplingParams(temperature=0.0, top_k=40))["c"])
