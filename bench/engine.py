@@ -3,7 +3,8 @@
     python bench/engine.py [-m MODEL] [-t THREADS] [--llama-bench PATH] [--out FILE]
 
 Prompt processing: one 512-token prompt in one step (tokens/s).
-Generation: 128 tokens decoded one per step (tokens/s).
+Generation: 128 tokens decoded one per step from an empty context, as llama-bench's
+tg128 does (tokens/s).
 Python overhead per decode step: step wall time minus the time ggml spent in
 compute (graph build, mask building, sampling, bookkeeping), as a share of the step.
 With --llama-bench, llama.cpp's llama-bench runs on the same model and threads in
@@ -36,10 +37,13 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
     pp, tg, overhead = [], [], []
     for rep in range(reps + 1):          # the first round warms up
         engine.clear_cache()
-        engine.add(Request(f"r{rep}", prompt, GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
+        engine.add(Request(f"p{rep}", prompt, GREEDY, max_tokens=1, ignore_eos=True))
         t0 = time.perf_counter()
-        engine.step()                     # the whole prompt, plus the first token
+        engine.step()                     # the whole prompt in one step
         t_pp = time.perf_counter() - t0
+        engine.clear_cache()
+        engine.add(Request(f"g{rep}", prompt[:1], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
+        engine.step()                     # the 1-token prompt, plus the first token
         steps, shares = 0, []
         t0 = time.perf_counter()
         while engine.has_work():
