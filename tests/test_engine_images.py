@@ -53,7 +53,7 @@ def engines(mmproj_dir, gemma3_path, smollm2_path, smolvlm_text_path):
         e.close()
 
 
-def _cases(configs):
+def _case_list(configs):
     for name in configs:
         for r in GOLDEN[name]["results"]:
             if r["accepted"]:
@@ -68,7 +68,7 @@ def _run(engine, prompt, spans, max_tokens, params=GREEDY):
     return events
 
 
-@pytest.mark.parametrize("name,case", _cases(CONFIGS))
+@pytest.mark.parametrize("name,case", list(_case_list(CONFIGS)))
 def test_prompt_tokens_equal_llama_cpp(engines, name, case):
     prompt, spans = engines[name].build_prompt(case["apply_template_prompt"], [_image_or_same_size(case)])
     assert len(prompt) == case["prompt_tokens"]
