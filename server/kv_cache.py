@@ -225,7 +225,27 @@ class KVCache:
             window = max(l.sliding_window for l in self.layers)
             st.mask_swa = g.input("kq_mask_swa", ggml.F16, (n_kv, n_tokens))
             st.values[st.mask_swa] = self.build_mask(n_kv, seq_ids, positions, spans, window)
+        st.groups = self._group_ranges(seq_ids, n_kv)
         return st
+
+    def _group_ranges(self, seq_ids: np.ndarray, n_kv: int) -> list[tuple[int, int, int, int]]:
+        """(first row, end row, first cell, end cell) per attention row group.
+
+        Why: flash attention walks every cell it is given, masked or not, so rows of
+        a prompt chunk attend only over the cell range their own sequences occupy
+        (padded to N_KV_PAD). Skipped cells never change a row's result, so this
+        only saves time."""
+        lo_of, hi_of = {}, {}
+        for s in np.unique(seq_ids):
+            mine = np.flatnonzero((self.seqs[:n_kv] & (np.uint64(1) << np.uint64(s))) != 0)
+            lo_of[s], hi_of[s] = int(mine[0]), int(mine[-1]) + 1
+        out = []
+        for t0, t1 in _row_groups(len(seq_ids)):
+            group = np.unique(seq_ids[t0:t1])
+            lo = min(lo_of[s] for s in group) // N_KV_PAD * N_KV_PAD
+            hi = min(n_kv, -(-max(hi_of[s] for s in group) // N_KV_PAD) * N_KV_PAD)
+            out.append((t0, t1, lo, hi))
+        return out
 
 
 # ggml's CPU flash attention computes a batch of >= 64 query rows with a tiled
@@ -255,6 +275,7 @@ class KVStep:
         self.mask = None
         self.mask_swa = None
         self.values = {}
+        self.groups = None
 
     def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Store this batch's k, v for layer il, then attend q over the cache.
@@ -271,19 +292,22 @@ class KVStep:
 
         rk = ggml.row_size(cache.type_k, head_dim_k)
         rv = ggml.row_size(cache.type_v, head_dim_v)
-        kview = g.view(kc, (head_dim_k, n_head_kv, self.n_kv), (rk, kc.nb[1]), 0)
-        vview = g.view(vc, (head_dim_v, n_head_kv, self.n_kv), (rv, vc.nb[1]), 0)
-        kview = g.permute(kview, 0, 2, 1, 3)          # [head_dim, n_kv, n_head_kv]
-        vview = g.permute(vview, 0, 2, 1, 3)
         mask = self.mask_swa if cache.layers[il].sliding_window else self.mask
         # Row groups below ggml's tiled threshold: every row then takes the same
         # per-row kernel whatever else is in the batch (see ROW_GROUP).
         outs = []
-        for t0, t1 in _row_groups(n_tokens):
+        groups = self.groups or [(t0, t1, 0, self.n_kv) for t0, t1 in _row_groups(n_tokens)]
+        for t0, t1, c0, c1 in groups:
             qg = g.view(q, (q.ne[0], q.ne[1], t1 - t0), (q.nb[1], q.nb[2]), t0 * q.nb[2])
-            mg = g.view(mask, (self.n_kv, t1 - t0), (mask.nb[1],), t0 * mask.nb[1])
+            mg = g.view(mask, (c1 - c0, t1 - t0), (mask.nb[1],), t0 * mask.nb[1] + c0 * mask.nb[0])
+            if c1 - c0 != self.n_kv and t1 - t0 > 1:
+                mg = g.cont(mg)                       # flash attention wants a contiguous mask
+            kg = g.view(kc, (head_dim_k, n_head_kv, c1 - c0), (rk, kc.nb[1]), c0 * kc.nb[1])
+            vg = g.view(vc, (head_dim_v, n_head_kv, c1 - c0), (rv, vc.nb[1]), c0 * vc.nb[1])
             qg = g.permute(qg, 0, 2, 1, 3)            # [head_dim, rows, n_head]
-            outs.append(g.flash_attn(qg, kview, vview, mg, scale, 0.0, softcap))  # [head_dim_v, n_head, rows]
+            kg = g.permute(kg, 0, 2, 1, 3)            # [head_dim, cells, n_head_kv]
+            vg = g.permute(vg, 0, 2, 1, 3)
+            outs.append(g.flash_attn(qg, kg, vg, mg, scale, 0.0, softcap))  # [head_dim_v, n_head, rows]
         out = outs[0]
         for o in outs[1:]:
             out = g.concat(out, o, 2)
