@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from ggserve.native import ggml
+
 
 @dataclass
 class ForwardInputs:
@@ -13,6 +17,16 @@ class ForwardInputs:
     n_tokens: int
     images: object | None = None   # f32 [n_embd, n_image_rows]: image embedding rows of the batch
     order: object | None = None    # i32 [n_tokens]: batch row -> row of concat(token rows, image rows)
+    kernel_of: dict | None = None   # weight -> "repack" | "tiled" (others: absent)
+    plans: dict | None = None       # kind -> RowPlan for this batch
+    n_outputs: int = 0
+
+    def mm(self, g, w, x):
+        """w @ x for a weight matrix; rows planned when w's kernel depends on the call."""
+        kind = self.kernel_of.get(w) if self.kernel_of else None
+        if kind is None or self.plans is None:
+            return g.mul_mat(w, x)
+        return self.plans[kind].apply(g, w, x, x.ne[1] == self.n_tokens)
 
     def embed(self, g, tok_embd, scale: float | None = None):
         """Input embeddings [n_embd, n_tokens]: token rows looked up (and scaled, for models
@@ -25,3 +39,86 @@ class ForwardInputs:
         if self.images is None:
             return x
         return g.get_rows(g.concat(x, self.images, 1), self.order)
+
+
+UBATCH = 512          # llama.cpp's default -ub: how it cuts a prompt into ubatches
+
+# ggml's CPU mul_mat picks a kernel per call from its row count, and the kernels
+# round differently:
+# - weights repacked into interleaved layouts: rows in groups of four by gemm,
+#   the last n % 4 rows one by one by gemv;
+# - k-quant weights (not repacked): a tiled kernel for calls of >= 8 rows,
+#   vec_dot below;
+# - other types: the same per-row result whatever the call.
+TILED_TYPES = {"q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq2_xxs", "iq2_xs",
+               "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
+TILED_MIN_ROWS = 8
+
+
+def batched_rows(kind: str, positions: np.ndarray, prompt_lens: np.ndarray) -> np.ndarray:
+    """Per row: does llama.cpp, running its sequence alone, compute it with the
+    many-row kernel of `kind`? Its prompt is cut into UBATCH-row ubatches; in a
+    k-row ubatch the first 4 * (k // 4) rows take gemm ("repack"), all k rows take
+    the tiled kernel when k >= 8 ("tiled"). Generated tokens come one by one."""
+    start = positions // UBATCH * UBATCH
+    k = np.minimum(UBATCH, prompt_lens - start)
+    prompt = positions < prompt_lens
+    if kind == "repack":
+        return prompt & (positions - start < k // 4 * 4)
+    return prompt & (k >= TILED_MIN_ROWS)
+
+
+class RowPlan:
+    """How the rows of a batch meet one kind of weight so that each row gets the
+    kernel llama.cpp gives it alone, whatever else shares the batch: rows that
+    take the many-row kernel are gathered first (padded by repeating a row), the
+    others follow in calls too small for it."""
+
+    def __init__(self, kind: str, batched: np.ndarray, n_outputs: int):
+        n_tokens = len(batched)
+        self.n_tokens = n_tokens
+        solo_max = 3 if kind == "repack" else TILED_MIN_ROWS - 1
+        many = np.flatnonzero(batched)
+        few = np.flatnonzero(~batched)
+        if len(many):
+            pad = -len(many) % 4 if kind == "repack" else max(0, TILED_MIN_ROWS - len(many))
+            many = np.concatenate([many, np.repeat(many[-1:], pad)])
+            # gemm leaves the last n % 4 rows to gemv: up to three solo rows ride along
+            first = len(many) + (min(solo_max, len(few)) if kind == "repack" else 0)
+            self.calls = [(0, first)] + _chunks(first, len(many) + len(few), solo_max)
+            self.perm = np.concatenate([many, few]).astype(np.int32)
+            inv = np.empty(n_tokens, dtype=np.int32)
+            inv[self.perm[::-1]] = np.arange(len(self.perm), dtype=np.int32)[::-1]   # first copy wins
+            self.inv = inv
+        else:
+            self.calls = _chunks(0, n_tokens, solo_max)
+            self.perm = self.inv = None
+        # after the last layer keeps only the output rows, every row is a solo row
+        self.out_calls = _chunks(0, n_outputs, solo_max)
+        self.t_perm = self.t_inv = None
+
+    def declare(self, g, values: dict, kind: str) -> None:
+        if self.perm is not None:
+            self.t_perm = g.input(f"mm_perm_{kind}", ggml.I32, (len(self.perm),))
+            self.t_inv = g.input(f"mm_inv_{kind}", ggml.I32, (self.n_tokens,))
+            values[self.t_perm] = self.perm
+            values[self.t_inv] = self.inv
+
+    def apply(self, g, w, x, full_batch: bool):
+        calls = self.calls if full_batch else self.out_calls
+        if len(calls) == 1 and (not full_batch or self.t_perm is None):
+            return g.mul_mat(w, x)
+        if full_batch and self.t_perm is not None:
+            x = g.get_rows(x, self.t_perm)
+        outs = [g.mul_mat(w, g.view(x, (x.ne[0], n), (x.nb[1],), r0 * x.nb[1])) for r0, n in calls]
+        while len(outs) > 1:
+            outs = [g.concat(outs[i], outs[i + 1], 1) if i + 1 < len(outs) else outs[i]
+                    for i in range(0, len(outs), 2)]
+        out = outs[0]
+        if full_batch and self.t_inv is not None:
+            out = g.get_rows(out, self.t_inv)
+        return out
+
+
+def _chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(size, end - a)) for a in range(start, end, size)]

@@ -70,9 +70,9 @@ class LlamaModel:
         x = inp.embed(g, self.tok_embd)                                  # [n_embd, n_tokens]
         for il, L in enumerate(self.layers):
             h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
-            q = g.mul_mat(L.wq, h)
-            k = g.mul_mat(L.wk, h)
-            v = g.mul_mat(L.wv, h)
+            q = inp.mm(g, L.wq, h)
+            k = inp.mm(g, L.wk, h)
+            v = inp.mm(g, L.wv, h)
             if L.bq is not None:
                 q = g.add(q, L.bq)
             if L.bk is not None:
@@ -85,7 +85,7 @@ class LlamaModel:
             q = self._rope(g, q, inp.positions)
             k = self._rope(g, k, inp.positions)
             a = inp.kv.attention(g, il, q, k, v, self.kq_scale)          # [n_embd, n_tokens]
-            a = g.mul_mat(L.wo, a)
+            a = inp.mm(g, L.wo, a)
             if L.bo is not None:
                 a = g.add(a, L.bo)
             if il == self.n_layer - 1 and inp.out_ids is not None:
@@ -93,10 +93,10 @@ class LlamaModel:
                 x = g.get_rows(x, inp.out_ids)
             x = g.add(a, x)
             h = g.mul(g.rms_norm(x, self.eps), L.ffn_norm)
-            h = g.swiglu(g.mul_mat(L.ffn_gate, h), g.mul_mat(L.ffn_up, h))
-            x = g.add(g.mul_mat(L.ffn_down, h), x)
+            h = g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h))
+            x = g.add(inp.mm(g, L.ffn_down, h), x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return g.mul_mat(self.output, x)
+        return inp.mm(g, self.output, x)
 
     def _rope(self, g, t, pos):
         return g.rope(t, pos, self.n_rot, self.rope_type, self.n_ctx_orig, self.rope_base,

@@ -23,3 +23,20 @@ class Weights:
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
+
+
+# Weights that enter the models only as the matrix of a mul_mat: the ones ggml's
+# CPU backend may repack into its interleaved layouts (llama.cpp does, so must we
+# to round as it does). Not token_embd: it is read with get_rows.
+_MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
+                 "ffn_gate", "ffn_up", "ffn_down")
+
+
+def matmul_weight_names(names) -> set[str]:
+    out = set()
+    for name in names:
+        parts = name.split(".")
+        if name == "output.weight" or (len(parts) == 4 and parts[0] == "blk" and parts[2] in _MATMUL_PARTS
+                                       and parts[3] == "weight"):
+            out.add(name)
+    return out

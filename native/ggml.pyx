@@ -16,7 +16,26 @@ from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcpy
 from ggml_api cimport *
 
+ctypedef ggml_backend_buffer_type_t * (*get_extra_bufts_t)(ggml_backend_dev_t)
+
 cnp.import_array()
+
+from libc.stdio cimport fputs, stderr
+
+
+cdef int _last_log_level = GGML_LOG_LEVEL_NONE
+
+cdef void _log_warnings_only(ggml_log_level level, const char * text, void * user_data) noexcept nogil:
+    """ggml's own log: warnings and errors to stderr; its info/debug chatter (one line
+    per repacked tensor, buffer sizes) is dropped, as llama.cpp drops it by default."""
+    global _last_log_level
+    if level != GGML_LOG_LEVEL_CONT:
+        _last_log_level = level
+    if _last_log_level >= GGML_LOG_LEVEL_WARN:
+        fputs(text, stderr)
+
+
+ggml_log_set(_log_warnings_only, NULL)
 
 # Python-visible type ids (values of enum ggml_type).
 F32 = GGML_TYPE_F32
@@ -504,12 +523,45 @@ cdef class Backend:
         ggml_backend_buffer_clear(b.buf, 0)
         return b
 
-    def load_weights(self, gguf_file, dict placement):
+    cdef ggml_backend_buffer_type_t _cpu_repack_buft(self):
+        """The CPU backend's weight-repacking buffer type (ggml's "extra" buffer
+        types, as llama.cpp uses them), or NULL when this ggml has none."""
+        cdef Device cpu = self.devices[-1]
+        cdef get_extra_bufts_t fn = <get_extra_bufts_t>ggml_backend_reg_get_proc_address(
+            ggml_backend_dev_backend_reg(cpu.dev), b"ggml_backend_dev_get_extra_bufts")
+        if fn == NULL:
+            return NULL
+        cdef ggml_backend_buffer_type_t * bufts = fn(cpu.dev)
+        while bufts != NULL and bufts[0] != NULL:
+            if b"REPACK" in <bytes>ggml_backend_buft_name(bufts[0]):
+                return bufts[0]
+            bufts += 1
+        return NULL
+
+    cdef bint _repacks(self, ggml_backend_buffer_t probe, int type_, tuple ne):
+        """Would the CPU backend run mul_mat(w, x) with w of this type and shape
+        from the repack buffer? (Asked as llama.cpp asks: a probe op whose weight
+        sits in a buffer of that type.)"""
+        cdef Device cpu = self.devices[-1]
+        cdef ggml_context * ctx = _new_meta_context(3)
+        cdef ggml_tensor * w = _new_tensor(ctx, type_, ne)
+        cdef ggml_tensor * x = _new_tensor(ctx, GGML_TYPE_F32, (ne[0], 512))
+        cdef ggml_tensor * op = ggml_mul_mat(ctx, w, x)
+        w.buffer = probe
+        cdef bint ok = ggml_backend_dev_supports_op(cpu.dev, op)
+        w.buffer = NULL
+        ggml_free(ctx)
+        return ok
+
+    def load_weights(self, gguf_file, dict placement, repack=()):
         """Load every tensor of a GGUFFile; placement maps tensor name -> Device.
 
-        CPU tensors point into the memory-mapped file (no second copy); tensors
-        placed on another device are copied there from the map.
-        Returns {device name: Buffer}.
+        CPU tensors point into the memory-mapped file (no second copy), except the
+        matrix weights named in `repack` whose type the CPU backend repacks into its
+        interleaved layout (as llama.cpp loads them: other kernels, other rounding);
+        those are copied into a repack buffer. Tensors placed on another device
+        are copied there from the map.
+        Returns {device name or "CPU_REPACK": Buffer}.
         """
         path = gguf_file.path
         cdef size_t data_offset = gguf_file.data_offset
@@ -526,9 +578,23 @@ cdef class Backend:
         cdef ggml_tensor * p
         cdef size_t end, off, nbytes
         by_device = {}
-        for name, info in gguf_file.tensors.items():
-            by_device.setdefault(placement.get(name, self.cpu), []).append(info)
+        cdef ggml_backend_buffer_type_t repack_buft = self._cpu_repack_buft() if repack else NULL
+        cdef ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(repack_buft, 0) if repack_buft != NULL else NULL
+        repacked = []
+        try:
+            for name, info in gguf_file.tensors.items():
+                dev = placement.get(name, self.cpu)
+                if probe != NULL and dev.is_cpu and name in repack and tuple(info.ne[2:]) in ((), (1,), (1, 1)) \
+                        and self._repacks(probe, info.ggml_type, info.ne):
+                    repacked.append(info)
+                else:
+                    by_device.setdefault(dev, []).append(info)
+        finally:
+            if probe != NULL:
+                ggml_backend_buffer_free(probe)
         buffers = {}
+        if repacked:
+            buffers["CPU_REPACK"] = self._load_copies(gguf_file, base, file_size, self.cpu, repacked, repack_buft)
         for dev, infos in by_device.items():
             ctx = _new_meta_context(len(infos))
             b = Buffer.__new__(Buffer)
@@ -552,19 +618,42 @@ cdef class Backend:
                     off = info.offset
                     if ggml_backend_tensor_alloc(b.buf, p, <void *>(base + data_offset + off)) != GGML_STATUS_SUCCESS:
                         raise GGMLError(f"{path}: cannot place tensor {info.name}")
+                ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+                buffers[dev.name] = b
             else:
-                b.buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(dev.dev))
-                if b.buf == NULL:
-                    need = sum(i.nbytes for i in infos)
-                    raise MemoryError(f"{path}: cannot allocate {need / 2**20:.1f} MiB of weights on {dev.name}")
-                for addr, info in tensors:
-                    p = <ggml_tensor *><uintptr_t>addr
-                    off = info.offset
-                    nbytes = info.nbytes
-                    ggml_backend_tensor_set(p, base + data_offset + off, 0, nbytes)
-            ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-            buffers[dev.name] = b
+                ggml_free(ctx)
+                b.ctx = NULL
+                buffers[dev.name] = self._load_copies(gguf_file, base, file_size, dev, infos,
+                                                      ggml_backend_dev_buffer_type(dev.dev))
         return buffers
+
+    cdef Buffer _load_copies(self, gguf_file, const unsigned char * base, size_t file_size, Device dev,
+                             list infos, ggml_backend_buffer_type_t buft):
+        """Tensors allocated in a buffer of type buft, their data copied in from the map."""
+        path = gguf_file.path
+        cdef size_t data_offset = gguf_file.data_offset
+        cdef ggml_tensor * p
+        cdef Buffer b = Buffer.__new__(Buffer)
+        b.ctx = _new_meta_context(len(infos))
+        b.device = dev
+        b.tensors = {}
+        tensors = []
+        for info in infos:
+            if data_offset + info.offset + info.nbytes > file_size:
+                raise GGMLError(f"{path}: truncated tensor data")
+            p = _new_tensor(b.ctx, info.ggml_type, info.ne)
+            ggml_set_name(p, info.name.encode()[:63])
+            b.tensors[info.name] = Tensor.wrap(p, b)
+            tensors.append((<uintptr_t>p, info))
+        b.buf = ggml_backend_alloc_ctx_tensors_from_buft(b.ctx, buft)
+        if b.buf == NULL:
+            need = sum(i.nbytes for i in infos)
+            raise MemoryError(f"{path}: cannot allocate {need / 2**20:.1f} MiB of weights on {dev.name}")
+        for addr, info in tensors:
+            p = <ggml_tensor *><uintptr_t>addr
+            ggml_backend_tensor_set(p, base + data_offset + <size_t>info.offset, 0, <size_t>info.nbytes)
+        ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        return b
 
     # -- compute -----------------------------------------------------------------
 

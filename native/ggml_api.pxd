@@ -43,6 +43,12 @@ cdef extern from "ggml.h":
         void * mem_buffer
         cbool no_alloc
 
+    enum ggml_log_level:
+        GGML_LOG_LEVEL_NONE, GGML_LOG_LEVEL_DEBUG, GGML_LOG_LEVEL_INFO,
+        GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT
+    ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data) noexcept nogil
+    void ggml_log_set(ggml_log_callback log_callback, void * user_data)
+
     ggml_context * ggml_init(ggml_init_params params)
     void ggml_free(ggml_context * ctx)
     size_t ggml_tensor_overhead()
@@ -173,6 +179,7 @@ cdef extern from "ggml-backend.h":
     ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params)
     ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device)
     void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
+    cbool ggml_backend_dev_supports_op(ggml_backend_dev_t device, const ggml_tensor * op)
 
     size_t ggml_backend_dev_count()
     ggml_backend_dev_t ggml_backend_dev_get(size_t index)

@@ -19,9 +19,10 @@ import time
 
 import numpy as np
 
-from ggserve.models.inputs import ForwardInputs
+from ggserve.models.inputs import TILED_TYPES, ForwardInputs, RowPlan, batched_rows
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer import Tokenizer
+from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.kv_cache import MAX_SEQS, KVCache
@@ -82,10 +83,22 @@ class Engine:
         max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
         self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes)
         self._device_of_layer = self._placement(n_layer, n_gpu_layers)
-        self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers))
+        self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers),
+                                                 repack=matmul_weight_names(self.gguf.tensors))
         tensors = {}
         for buf in self.weights.values():
             tensors.update(buf.tensors)
+        # weights whose CPU kernel depends on the row count of the call (models.inputs.RowPlan)
+        self.kernel_of = {}
+        matmul_names = matmul_weight_names(tensors)
+        for key, buf in self.weights.items():
+            if not buf.device.is_cpu:
+                continue
+            for name, t in buf.tensors.items():
+                if key == "CPU_REPACK":
+                    self.kernel_of[t] = "repack"
+                elif name in matmul_names and ggml.type_name(t.type) in TILED_TYPES:
+                    self.kernel_of[t] = "tiled"
         self.model = cls(meta, tensors, self.model_path)
         self.kv = KVCache(self.backend, self.model.kv_layers(self._device_of_layer), self.kv_size,
                           ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v),
@@ -169,7 +182,7 @@ class Engine:
         lines = []
         kv = self.kv.nbytes_by_device()
         for dev in self.backend.devices:
-            w = sum(b.nbytes for name, b in self.weights.items() if name == dev.name)
+            w = sum(b.nbytes for b in self.weights.values() if b.device is dev)
             c = self.backend.compute_bytes.get(dev.name, 0)
             k = kv.get(dev.name, 0)
             if self.vision is not None and dev is self.backend.devices[0]:
@@ -410,6 +423,14 @@ class Engine:
             st = self.kv.step(g, cells, seq_ids, positions, spans, prompt_lens)
             inp = ForwardInputs(t_tokens, t_pos, t_out, st, n)
             values = {t_pos: positions, **st.values}
+            if self.kernel_of:
+                inp.kernel_of = self.kernel_of
+                inp.n_outputs = max(1, len(out_rows)) if t_out is not None else n
+                lens = prompt_lens if prompt_lens is not None else np.zeros(n, dtype=np.int32)
+                inp.plans = {}
+                for kind in set(self.kernel_of.values()):
+                    inp.plans[kind] = RowPlan(kind, batched_rows(kind, positions, lens), inp.n_outputs)
+                    inp.plans[kind].declare(g, values, kind)
             if n_tok:
                 values[t_tokens] = tokens[is_token].astype(np.int32)
             if images:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggserve.models.inputs import UBATCH
 from ggserve.native import ggml
 
 MAX_SEQS = 64          # sequences are bits of a uint64
@@ -22,7 +23,6 @@ N_KV_PAD = 256         # attend over a multiple of 256 cells, as llama.cpp does
 # differently; see KVCache.attention_calls for how each row gets llama.cpp's.
 TILED_MIN_ROWS = 64
 SPLIT_KV_MIN = 512
-UBATCH = 512           # llama.cpp's default -ub: how it cuts a prompt into calls
 
 _NEG_INF = np.float16(-np.inf)
 
