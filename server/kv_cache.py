@@ -100,9 +100,10 @@ class KVCache:
 
         Why: attention results depend on where a sequence's cells lie (flash attention
         visits cells in index order, and its tiled and split kernels group them by
-        index), so a sequence gets the cells it would get running alone: the next free
-        ones after its last cell in its own region, then any free cell of the region,
-        then any free cell at all. No mutation.
+        index), so a sequence gets the cells it would get running alone: free cells
+        above its last cell (a shared prefix may lie in another slot's region), in its
+        own region first, then anywhere above; only when none is left above, any
+        free cell. No mutation.
         """
         free = self.seqs == 0
         if int(free.sum()) < sum(counts):
@@ -111,17 +112,15 @@ class KVCache:
         for seq, n in zip(seqs, counts):
             r0 = (seq % self.n_regions) * self.region
             r1 = self.size if seq % self.n_regions == self.n_regions - 1 else r0 + self.region
-            bit = np.uint64(1) << np.uint64(seq)
-            mine = np.flatnonzero((self.seqs[r0:r1] & bit) != 0)
-            start = r0 + int(mine[-1]) + 1 if len(mine) else r0
-            cells = np.flatnonzero(free[start:r1])[:n] + start
-            if len(cells) < n:
-                more = np.flatnonzero(free[r0:start])[: n - len(cells)] + r0
-                cells = np.concatenate([cells, more])
-            if len(cells) < n:
-                rest = np.flatnonzero(free)
-                rest = rest[~np.isin(rest, cells)]
-                cells = np.concatenate([cells, rest[: n - len(cells)]])
+            mine = np.flatnonzero((self.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
+            above = int(mine[-1]) + 1 if len(mine) else 0
+            cells = np.zeros(0, dtype=np.int64)
+            for lo, hi in ((max(r0, above), r1), (above, self.size), (0, self.size)):
+                if len(cells) >= n or lo >= hi:
+                    continue
+                more = np.flatnonzero(free[lo:hi]) + lo
+                more = more[~np.isin(more, cells)]
+                cells = np.concatenate([cells, more[: n - len(cells)]])
             cells = np.sort(cells)
             free[cells] = False
             out.append(cells)
