@@ -55,17 +55,45 @@ TILED_TYPES = {"q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq2_xxs", "iq2
 TILED_MIN_ROWS = 8
 
 
-def batched_rows(kind: str, positions: np.ndarray, prompt_lens: np.ndarray) -> np.ndarray:
-    """Per row: does llama.cpp, running its sequence alone, compute it with the
-    many-row kernel of `kind`? Its prompt is cut into UBATCH-row ubatches; in a
-    k-row ubatch the first 4 * (k // 4) rows take gemm ("repack"), all k rows take
-    the tiled kernel when k >= 8 ("tiled"). Generated tokens come one by one."""
-    start = positions // UBATCH * UBATCH
-    k = np.minimum(UBATCH, prompt_lens - start)
-    prompt = positions < prompt_lens
+CHECKPOINT_TAIL = 4   # llama-server's context checkpoints: the last 4 prompt tokens go alone
+
+
+def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoints: bool = False,
+                  turn_starts=()):
+    """For rows of one sequence at `positions`: (first position, row count) of the
+    ubatch llama-server computes each in when the sequence runs alone.
+
+    llama-server decodes a prompt chunk by chunk (text runs, and each image's
+    embeddings through mtmd), and llama_decode cuts each chunk into UBATCH-row
+    ubatches from its start. For models with a sliding window (`checkpoints`) it
+    also ends a text batch CHECKPOINT_TAIL and CHECKPOINT_TAIL + UBATCH tokens
+    before the prompt's end, and before user turns of a chat (`turn_starts`), to
+    save context checkpoints there. Generated tokens come one per ubatch.
+    """
+    cuts = {0, n_prompt}
+    for span in image_spans:
+        cuts.update((span.start, span.end))
+    if checkpoints:
+        in_image = lambda q: any(s.start <= q < s.end for s in image_spans)
+        cuts.update(q for q in (n_prompt - CHECKPOINT_TAIL - UBATCH, n_prompt - CHECKPOINT_TAIL, *turn_starts)
+                    if 0 < q < n_prompt and not in_image(q))
+    bounds = np.array(sorted(cuts), dtype=np.int64)
+    p = positions.astype(np.int64)
+    seg = np.clip(np.searchsorted(bounds, p, side="right") - 1, 0, len(bounds) - 2)
+    seg_start, seg_end = bounds[seg], bounds[seg + 1]
+    start = seg_start + (p - seg_start) // UBATCH * UBATCH
+    size = np.minimum(UBATCH, seg_end - start)
+    generated = p >= n_prompt
+    return np.where(generated, p, start), np.where(generated, 1, size)
+
+
+def batched_rows(kind: str, positions: np.ndarray, ub_start: np.ndarray, ub_size: np.ndarray) -> np.ndarray:
+    """Per row: does llama.cpp compute it with the many-row kernel of `kind`? In a
+    k-row ubatch the first 4 * (k // 4) rows take gemm ("repack"); all k rows take
+    the tiled kernel when k >= 8 ("tiled")."""
     if kind == "repack":
-        return prompt & (positions - start < k // 4 * 4)
-    return prompt & (k >= TILED_MIN_ROWS)
+        return positions - ub_start < ub_size // 4 * 4
+    return ub_size >= TILED_MIN_ROWS
 
 
 class RowPlan:

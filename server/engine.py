@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ggserve.models.inputs import TILED_TYPES, ForwardInputs, RowPlan, batched_rows
+from ggserve.models.inputs import TILED_TYPES, ForwardInputs, RowPlan, batched_rows, solo_ubatches
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer import Tokenizer
 from ggserve.models.weights import matmul_weight_names
@@ -226,6 +226,45 @@ class Engine:
             pieces.append(after)
         return arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile)
 
+    def turn_starts(self, prompt: list[int], spans=()) -> tuple[int, ...]:
+        """Positions of the first and the last user turn of a chat prompt, where
+        llama-server starts a new batch for models with a sliding window (to save a
+        context checkpoint there). () for other models."""
+        if not self.kv.has_swa:
+            return ()
+        opener = self._user_turn_opener
+        if not opener:
+            return ()
+        images = {i for span in spans for i in range(span.start, span.end)}
+        k = len(opener)
+        found = [i for i in range(len(prompt) - k + 1)
+                 if prompt[i:i + k] == opener and not images.intersection(range(i, i + k))]
+        return tuple(sorted({found[0], found[-1]})) if found else ()
+
+    @functools.cached_property
+    def _user_turn_opener(self) -> list[int]:
+        """The tokens that open a user turn in this model's chat template, as
+        llama.cpp's template analysis finds them: the role marker before a probe
+        message's text (from its last special token that names a role, or for
+        templates written in plain text, from the last '<')."""
+        probe = "\u2063probe\u2063"
+        try:
+            text = self.chat_template.render([{"role": "user", "content": probe}], add_generation_prompt=False)
+        except Exception:            # a template that refuses the probe: no turn cuts
+            return []
+        if probe not in text:
+            return []
+        tok = self.tokenizer
+        pre = text[:text.index(probe)].rstrip()
+        bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else ""
+        if bos and pre.startswith(bos):
+            pre = pre[len(bos):]
+        ids = tok.encode(pre, add_special=False, parse_special=True)
+        marks = [i for i in range(len(ids) - 1) if tok.is_special(ids[i]) and not tok.is_special(ids[i + 1])]
+        if marks:
+            return ids[marks[-1]:]
+        return tok.encode(pre[pre.rfind("<"):] if "<" in pre else pre, add_special=False, parse_special=True)
+
     # -- requests ----------------------------------------------------------------
 
     def add(self, request: Request) -> None:
@@ -330,7 +369,10 @@ class Engine:
         tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
         positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])
         seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
-        prompt_lens = np.concatenate([np.full(c.n, c.seq.n_prompt, dtype=np.int32) for c in chunks])
+        solo = [solo_ubatches(np.arange(c.start, c.start + c.n), c.seq.n_prompt, c.seq.images, self.kv.has_swa,
+                              c.seq.request.turn_starts)
+                for c in chunks]
+        ubatches = (np.concatenate([u[0] for u in solo]), np.concatenate([u[1] for u in solo]))
         out_rows, out_chunks, row = [], [], 0
         for c in chunks:
             row += c.n
@@ -346,7 +388,7 @@ class Engine:
             c.seq.n_computed += c.n
 
         logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32),
-                               images, spans, prompt_lens)
+                               images, spans, ubatches)
         if out_chunks:
             results = sample_batch(logits, [c.seq.sampler for c in out_chunks])
             for c, r in zip(out_chunks, results):
@@ -411,7 +453,7 @@ class Engine:
         return 1 + seq.slot * (1 << 40) + span.start
 
     def _forward(self, tokens, positions, seq_ids, cells, out_rows, images=None, spans=None,
-                 prompt_lens=None) -> np.ndarray:
+                 ubatches=None) -> np.ndarray:
         n = len(tokens)
         g = self.backend.graph()
         try:
@@ -420,16 +462,17 @@ class Engine:
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n,))
             t_out = g.input("out_ids", ggml.I32, (max(1, len(out_rows)),)) if len(out_rows) != n else None
-            st = self.kv.step(g, cells, seq_ids, positions, spans, prompt_lens)
+            if ubatches is None:                  # one row per ubatch: generated tokens
+                ubatches = (positions.astype(np.int64), np.ones(n, dtype=np.int64))
+            st = self.kv.step(g, cells, seq_ids, positions, spans, ubatches[1])
             inp = ForwardInputs(t_tokens, t_pos, t_out, st, n)
             values = {t_pos: positions, **st.values}
             if self.kernel_of:
                 inp.kernel_of = self.kernel_of
                 inp.n_outputs = max(1, len(out_rows)) if t_out is not None else n
-                lens = prompt_lens if prompt_lens is not None else np.zeros(n, dtype=np.int32)
                 inp.plans = {}
                 for kind in set(self.kernel_of.values()):
-                    inp.plans[kind] = RowPlan(kind, batched_rows(kind, positions, lens), inp.n_outputs)
+                    inp.plans[kind] = RowPlan(kind, batched_rows(kind, positions, *ubatches), inp.n_outputs)
                     inp.plans[kind].declare(g, values, kind)
             if n_tok:
                 values[t_tokens] = tokens[is_token].astype(np.int32)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggserve.models.inputs import UBATCH
 from ggserve.native import ggml
 
 MAX_SEQS = 64          # sequences are bits of a uint64
@@ -196,12 +195,12 @@ class KVCache:
         """Inputs shaped for the largest step (n_tokens over every cell), for reserve()."""
         return self._declare(g, n_tokens, [(0, n_tokens, 0, self.size, max(n_tokens, TILED_MIN_ROWS))])
 
-    def step(self, g, cells, seq_ids, positions, spans=None, prompt_lens=None) -> "KVStep":
+    def step(self, g, cells, seq_ids, positions, spans=None, ubatch_size=None) -> "KVStep":
         """Declare this step's cache inputs in graph g (call after commit).
 
-        prompt_lens: per row, the prompt length of its sequence (rows at positions
-        below it are prompt rows); None: every row is a generated token."""
-        tiled = np.zeros(len(cells), dtype=bool) if prompt_lens is None else tiled_rows(positions, prompt_lens)
+        ubatch_size: per row, the rows of the ubatch llama.cpp computes it in when its
+        sequence runs alone (models.inputs.solo_ubatches); None: one each."""
+        tiled = np.zeros(len(cells), dtype=bool) if ubatch_size is None else ubatch_size >= TILED_MIN_ROWS
         calls = self.attention_calls(seq_ids, tiled)
         st = self._declare(g, len(cells), calls)
         st.values[st.slots] = cells.astype(np.int64)
@@ -273,13 +272,6 @@ class KVCache:
                     group.append((a, b, c0, c1))
         flush()
         return calls
-
-
-def tiled_rows(positions: np.ndarray, prompt_lens: np.ndarray) -> np.ndarray:
-    """Per row: is it a prompt row that llama.cpp computes in a ubatch of >= 64 rows
-    (the prompt cut into UBATCH-row ubatches from its start)?"""
-    ubatch_rows = np.minimum(UBATCH, prompt_lens - positions // UBATCH * UBATCH)
-    return (positions < prompt_lens) & (ubatch_rows >= TILED_MIN_ROWS)
 
 
 class KVStep:

@@ -14,6 +14,9 @@ class Request:
     max_tokens: int = 256
     ignore_eos: bool = False
     images: list = field(default_factory=list)   # TileSpans: image rows within `prompt`
+    # where llama-server would start a new prompt batch at a user turn (chat prompts of
+    # sliding-window models; Engine.turn_starts): only to compute rows as it does
+    turn_starts: tuple = ()
 
 
 @dataclass

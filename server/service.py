@@ -241,7 +241,7 @@ class Service:
 
     async def submit(self, prompts: list[list[int]], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
-                     n_probs: int = 0, images: list | None = None) -> Job:
+                     n_probs: int = 0, images: list | None = None, turn_starts: tuple = ()) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad params,
         queue full)."""
@@ -262,6 +262,8 @@ class Service:
             room = n_ctx - len(p)
             limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
             extra = {"images": list(images)} if images else {}
+            if turn_starts:
+                extra["turn_starts"] = tuple(turn_starts)
             requests.append(self._make_request(id=c.request_id, prompt=list(p),
                                                params=prm, max_tokens=limit,
                                                ignore_eos=ignore_eos, **extra))

@@ -17,23 +17,8 @@ DATA = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.05
 
-# gemma3 cases that still differ from llama.cpp (docs/numerics.md): with prompts
-# of 7-11 or 13+ tokens the top-5 logprobs differ by 0.1-0.7 although the same
-# ggml build runs both (SmolLM2 and the other gemma3 prompts agree to 0.002).
-# Strict: a fix makes these tests fail until the marker is removed.
-KNOWN_TOKEN_MISMATCH = {("gemma3", "capital"), ("gemma3", "story"), ("gemma3", "long_prose")}
-KNOWN_LOGPROB_MISMATCH = KNOWN_TOKEN_MISMATCH | {
-    ("gemma3", "code_fib"), ("gemma3", "counting"), ("gemma3", "qa_math"),
-    ("gemma3", "translate"), ("gemma3", "long_code"),
-}
-
-
-def _cases(known):
-    for model, cases in DATA["models"].items():
-        for c in cases:
-            marks = [pytest.mark.xfail(strict=True, reason="gemma3 numerics still differ from llama.cpp")] \
-                if (model, c["key"]) in known else []
-            yield pytest.param(model, c, id=f"{model}-{c['key']}", marks=marks)
+CASES = [pytest.param(model, c, id=f"{model}-{c['key']}")
+         for model, cases in DATA["models"].items() for c in cases]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +53,7 @@ def _gap(step):
     return top[0] - top[1]
 
 
-@pytest.mark.parametrize("model,case", list(_cases(KNOWN_TOKEN_MISMATCH)))
+@pytest.mark.parametrize("model,case", CASES)
 def test_greedy_tokens_equal_llama_cpp(engines, model, case):
     ours = [e.token for e in _run(engines, model, case)]
     gold = case["generated_ids"]
@@ -82,7 +67,7 @@ def test_greedy_tokens_equal_llama_cpp(engines, model, case):
             f"llama.cpp top-2 gap {_gap(step) if step['probs_available'] else 'n/a'}")
 
 
-@pytest.mark.parametrize("model,case", list(_cases(KNOWN_LOGPROB_MISMATCH)))
+@pytest.mark.parametrize("model,case", CASES)
 def test_top5_logprobs_within_tolerance(engines, model, case):
     events = _run(engines, model, case)
     ours_tokens = [e.token for e in events]
@@ -96,4 +81,5 @@ def test_top5_logprobs_within_tolerance(engines, model, case):
         for tid, lp in step["top_logprobs"]:
             assert tid in mine, f"token {tid} of llama.cpp's top-5 is not in our top-10"
             worst = max(worst, abs(mine[tid] - lp))
+    print(f"max |logprob difference| {worst:.4f}")      # reported with pytest -s
     assert worst <= LOGPROB_TOL, f"max |logprob difference| {worst:.4f}"

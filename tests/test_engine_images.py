@@ -61,7 +61,9 @@ def _case_list(configs):
 
 
 def _run(engine, prompt, spans, max_tokens, params=GREEDY):
-    engine.add(Request("img", prompt, params, max_tokens=max_tokens, ignore_eos=True, images=spans))
+    # a chat prompt, as llama-server's /v1/chat/completions gets it (Engine.turn_starts)
+    engine.add(Request("img", prompt, params, max_tokens=max_tokens, ignore_eos=True, images=spans,
+                       turn_starts=engine.turn_starts(prompt, spans)))
     events = []
     while engine.has_work():
         events += engine.step()
@@ -90,21 +92,8 @@ def test_image_without_mmproj_is_refused(smollm2_path):
     e.close()
 
 
-# Cases that still differ from llama.cpp (docs/numerics.md: gemma3's text graph,
-# and the vision encoders' kernels, not yet matched to the golden build's);
-# strict, so a fix shows up as a failure until removed here.
-KNOWN_MISMATCH = {
-    ("mlp_f16", "shapes_896x896.png"), ("mlp_f16", "rgba_160x120.png"),
-    ("gemma3_f16", "grad_64x64.png"), ("gemma3_f16", "shapes_896x896.png"),
-    ("gemma3_f16", "shapes_1024x512.jpg"), ("gemma3_f16", "pixel_1x1.png"),
-    ("gemma3_f16", "gray_37x53.png"), ("gemma3_f16", "rgba_160x120.png"),
-    ("idefics3_f16", "shapes_896x896.png"), ("idefics3_f16", "shapes_1024x512.jpg"),
-    ("idefics3_f16", "tall_200x600.png"), ("idefics3_f16", "rgba_160x120.png"),
-}
 GREEDY_CASES = [
-    pytest.param(name, r["image"], id=f"{name}-{r['image']}",
-                 marks=[pytest.mark.xfail(strict=True, reason="numerics differ from the golden build")]
-                 if (name, r["image"]) in KNOWN_MISMATCH else [])
+    pytest.param(name, r["image"], id=f"{name}-{r['image']}")
     for name in ("mlp_f16", "gemma3_f16", "idefics3_f16")
     for r in GOLDEN[name]["results"] if r["accepted"] and (IMAGES / r["image"]).exists()]
 
@@ -125,6 +114,34 @@ def test_greedy_answer_equals_llama_cpp(engines, name, image):
     if i is not None:
         top = sorted((lp for _, lp in case["steps"][i]["top_logprobs"]), reverse=True)
         assert top[0] - top[1] < 0.02, f"diverged at step {i}: ours {ours[i]}, llama.cpp {gold[i]}"
+
+
+# mlp + tall_200x600: same tokens, but top-5 logprobs off by 0.24 (the other 26
+# cases agree to 0.0013); the 113x336 bicubic resize is the suspect, not confirmed.
+LOGPROB_CASES = [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(
+                     strict=True, reason="mlp tall image: embeddings differ from llama.cpp's")])
+                 if p.id == "mlp_f16-tall_200x600.png" else p for p in GREEDY_CASES]
+
+
+@pytest.mark.parametrize("name,image", LOGPROB_CASES)
+def test_top_logprobs_within_tolerance(engines, name, image):
+    case = _golden(name, image)
+    e = engines[name]
+    e.clear_cache()
+    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image(image)])
+    events = _run(e, prompt, spans, len(case["generated_ids"]))
+    worst = 0.0
+    for ev, step in zip(events, case["steps"]):
+        if ev.token != step["id"]:
+            break                      # after a (near-tie) divergence the contexts differ
+        if not step["probs_available"]:
+            continue
+        mine = dict(ev.top_logprobs)
+        for tid, lp in step["top_logprobs"]:
+            assert tid in mine, f"token {tid} of llama.cpp's top-5 is not in our top-10"
+            worst = max(worst, abs(mine[tid] - lp))
+    print(f"max |logprob difference| {worst:.4f}")      # reported with pytest -s
+    assert worst <= 0.05, f"max |logprob difference| {worst:.4f}"
 
 
 def test_same_image_twice_skips_the_encoder(engines):

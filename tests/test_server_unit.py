@@ -211,6 +211,9 @@ class FakeEngine:
     def build_prompt(self, text, images=()):
         return self.tokenizer.encode(text, add_special=True, parse_special=True), []
 
+    def turn_starts(self, prompt, spans=()):
+        return ()
+
     def _guard(self):
         assert self.lock.acquire(blocking=False), "engine called concurrently"
 
