@@ -19,3 +19,19 @@ def generate(engine: Engine, prompts: dict[str, list[int]], max_tokens: int,
 
 def tokens(events) -> list[int]:
     return [e.token for e in events if e.token is not None]
+
+
+def max_logprob_deviation(events, steps) -> float:
+    """Largest |ours - llama.cpp| over the top-5 logprobs of the golden steps, up to and
+    including the first step where the chosen tokens differ (after it the contexts do).
+    Fails when a token of llama.cpp's top-5 is missing from our top-10."""
+    worst = 0.0
+    for ev, step in zip(events, steps):
+        if step["probs_available"]:
+            mine = dict(ev.top_logprobs)
+            for tid, lp in step["top_logprobs"]:
+                assert tid in mine, f"token {tid} of llama.cpp's top-5 is not in our top-10"
+                worst = max(worst, abs(mine[tid] - lp))
+        if ev.token != step["id"]:
+            break
+    return worst

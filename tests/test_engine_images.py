@@ -16,6 +16,7 @@ from PIL import Image
 
 from ggserve.server.engine import Engine, Request
 from ggserve.server.sampling import SamplingParams
+from engine_helpers import max_logprob_deviation
 
 HERE = pathlib.Path(__file__).parent
 GOLDEN = json.loads((HERE / "data" / "multimodal.json").read_text())["configs"]
@@ -102,13 +103,19 @@ def _golden(name, image):
     return next(r for r in GOLDEN[name]["results"] if r["image"] == image)
 
 
-@pytest.mark.parametrize("name,image", GREEDY_CASES)
-def test_greedy_answer_equals_llama_cpp(engines, name, image):
+def _answer(engines, name, image):
+    """The golden case and our greedy events for it, from a fresh cache."""
     case = _golden(name, image)
     e = engines[name]
     e.clear_cache()
     prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image(image)])
-    ours = [ev.token for ev in _run(e, prompt, spans, len(case["generated_ids"]))]
+    return case, _run(e, prompt, spans, len(case["generated_ids"]))
+
+
+@pytest.mark.parametrize("name,image", GREEDY_CASES)
+def test_greedy_answer_equals_llama_cpp(engines, name, image):
+    case, events = _answer(engines, name, image)
+    ours = [ev.token for ev in events]
     gold = case["generated_ids"]
     i = next((k for k, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
     if i is not None:
@@ -125,21 +132,8 @@ LOGPROB_CASES = [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(
 
 @pytest.mark.parametrize("name,image", LOGPROB_CASES)
 def test_top_logprobs_within_tolerance(engines, name, image):
-    case = _golden(name, image)
-    e = engines[name]
-    e.clear_cache()
-    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image(image)])
-    events = _run(e, prompt, spans, len(case["generated_ids"]))
-    worst = 0.0
-    for ev, step in zip(events, case["steps"]):
-        if ev.token != step["id"]:
-            break                      # after a (near-tie) divergence the contexts differ
-        if not step["probs_available"]:
-            continue
-        mine = dict(ev.top_logprobs)
-        for tid, lp in step["top_logprobs"]:
-            assert tid in mine, f"token {tid} of llama.cpp's top-5 is not in our top-10"
-            worst = max(worst, abs(mine[tid] - lp))
+    case, events = _answer(engines, name, image)
+    worst = max_logprob_deviation(events, case["steps"])
     print(f"max |logprob difference| {worst:.4f}")      # reported with pytest -s
     assert worst <= 0.05, f"max |logprob difference| {worst:.4f}"
 
