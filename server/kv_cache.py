@@ -240,7 +240,8 @@ class KVCache:
           over exactly the cells llama.cpp would use (view_for).
         - the rest: the row-by-row kernel, which skips masked cells, so rows of
           several sequences share a call (< 64 rows, over the union of their cell
-          ranges) and each still gets exactly its solo result.
+          ranges, when the ranges lie close together) and each still gets exactly
+          its solo result.
         """
         runs, t0 = [], 0
         change = (np.diff(seq_ids) != 0) | (np.diff(tiled.astype(np.int8)) != 0)
@@ -267,11 +268,23 @@ class KVCache:
             else:
                 for a in range(t0, t1, TILED_MIN_ROWS - 1):      # never >= 64 rows in one call
                     b = min(t1, a + TILED_MIN_ROWS - 1)
-                    if group and group[-1][1] - group[0][0] + (b - a) >= TILED_MIN_ROWS:
+                    if group and (group[-1][1] - group[0][0] + (b - a) >= TILED_MIN_ROWS
+                                  or _union_waste(group, c0, c1) > N_KV_PAD):
                         flush()
                     group.append((a, b, c0, c1))
         flush()
         return calls
+
+
+def _union_waste(group, c0: int, c1: int) -> int:
+    """Cells a shared call would walk that belong to none of its sequences' ranges:
+    sequences in distant regions of the cache are cheaper attended apart (the kernel
+    still visits every masked cell)."""
+    lo, hi = min(min(g[2] for g in group), c0), max(max(g[3] for g in group), c1)
+    covered = np.zeros(hi - lo, dtype=bool)
+    for g0, g1 in [(g[2], g[3]) for g in group] + [(c0, c1)]:
+        covered[g0 - lo:g1 - lo] = True
+    return int((~covered).sum())
 
 
 class KVStep:
