@@ -337,8 +337,8 @@ class Engine:
         if span is not None and span.bidirectional:
             reuse = span.start     # a bidirectional image is reused whole or not at all
         self.kv.seq_rm(slot, 0 if best_src != slot else reuse)
-        if best_src != slot:
-            self.kv.seq_cp(best_src, slot, 0, reuse)
+        if best_src != slot and reuse > 0 and not self.kv.seq_copy(self.backend, best_src, slot, reuse):
+            self.kv.seq_cp(best_src, slot, 0, reuse)     # no room to copy: share the cells
         seq.slot = slot
         seq.n_computed = reuse
         seq.n_cached = reuse

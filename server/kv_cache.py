@@ -151,6 +151,35 @@ class KVCache:
             sel &= self.pos < p1
         self.seqs[sel] |= np.uint64(1) << np.uint64(dst)
 
+    def seq_copy(self, backend, src: int, dst: int, p1: int) -> bool:
+        """Give dst its own copy of src's cells with pos < p1, at the start of dst's
+        region, as if dst had computed them there; False (nothing done) when those
+        cells are not free.
+
+        Why not share the cells (seq_cp): a sequence whose prefix lies in another
+        slot's region spans both regions, and its attention would walk every cell in
+        between and group cells differently from the sequence alone."""
+        sbit = np.uint64(1) << np.uint64(src)
+        src_cells = np.flatnonzero(((self.seqs & sbit) != 0) & (self.pos < p1) & (self.pos >= 0))
+        src_cells = src_cells[np.argsort(self.pos[src_cells], kind="stable")]
+        if len(src_cells) != p1 or not np.array_equal(self.pos[src_cells], np.arange(p1)):
+            return False
+        r0 = (dst % self.n_regions) * self.region
+        dst_cells = np.arange(r0, r0 + p1)
+        if r0 + p1 > self.size or self.seqs[dst_cells].any():
+            return False
+        g = backend.graph()
+        try:
+            t_src = g.input("copy_src", ggml.I32, (p1,))
+            t_dst = g.input("copy_dst", ggml.I64, (p1,))
+            for cache in (*self.k, *self.v):
+                g.expand(g.set_rows(cache, g.get_rows(cache, t_src), t_dst))
+            backend.compute(g, {t_src: src_cells.astype(np.int32), t_dst: dst_cells.astype(np.int64)})
+        finally:
+            g.close()
+        self.commit(dst_cells, np.full(p1, dst), self.pos[src_cells].copy(), self.span[src_cells].copy())
+        return True
+
     def clear(self) -> None:
         self.pos[:] = -1
         self.seqs[:] = 0

@@ -7,7 +7,7 @@ import pytest
 
 from ggserve.server.engine import ContextLengthExceeded, Engine, Request
 from ggserve.server.sampling import SamplingParams
-from engine_helpers import generate, tokens
+from engine_helpers import GREEDY, generate, tokens
 
 CASES = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())["models"]["smollm2"]
 FOUR = {c["key"]: c["prompt_ids"] for c in CASES[:4]}
@@ -79,6 +79,30 @@ def test_reusing_a_cached_prefix_gives_the_same_tokens(smollm2_path):
     e.close()
     assert events[0].n_cached >= 190
     assert tokens(events) == fresh
+
+
+def test_a_prefix_held_by_a_running_sequence_is_copied_and_gives_the_same_tokens(smollm2_path):
+    # 600 tokens of prefix: past 512 cells, where the copied cells' layout matters
+    prefix = CASES[8]["prompt_ids"][:600]
+    question = FOUR["capital"]
+    e = _engine(smollm2_path, n_ctx=4096, n_parallel=2)
+    fresh = tokens(generate(e, {"q": prefix + question}, 24)["q"])
+    e.close()
+    e = _engine(smollm2_path, n_ctx=4096, n_parallel=2)
+    e.add(Request("warm", prefix + FOUR["story"], GREEDY, max_tokens=40, ignore_eos=True))
+    e.step()
+    while e.scheduler.running[0].n_computed < len(prefix):
+        e.step()                                           # "warm" holds the prefix and keeps running
+    e.add(Request("q", prefix + question, GREEDY, max_tokens=24, ignore_eos=True))
+    got = [ev for ev in e.step() if ev.request_id == "q"]
+    q = next(s for s in e.scheduler.running if s.request.id == "q")
+    c0, c1 = e.kv.view_for(q.slot)           # its own copy: 605 cells in one 768-cell span
+    while e.has_work():
+        got += [ev for ev in e.step() if ev.request_id == "q"]
+    e.close()
+    assert c1 - c0 == 768
+    assert got[0].n_cached >= 590
+    assert tokens(got) == fresh
 
 
 def test_temperature_zero_equals_greedy(smollm2_path, solo_tokens):
