@@ -831,10 +831,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report:
         return report(args.report, args.plot)
-    # SIGTERM takes the same way out as Ctrl-C: through the finally that stops the servers
-    def on_term(*_):
+    # Ctrl-C and SIGTERM leave through the finally that stops the servers. Our own
+    # handler also replaces asyncio's (which only cancels the running cell), and arms
+    # a last resort: if the way out hangs, exit anyway; the servers die with us
+    # (PR_SET_PDEATHSIG).
+    def on_signal(*_):
+        signal.signal(signal.SIGALRM, lambda *_: os._exit(130))
+        signal.alarm(30)
         raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     llama_version = llama_server_version(args.llama_server) if args.llama_server else None
     try:
         doc = run(args)
