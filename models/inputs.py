@@ -52,7 +52,7 @@ UBATCH = 512          # llama.cpp's default -ub: how it cuts a prompt into ubatc
 # - other types: the same per-row result whatever the call.
 TILED_TYPES = {"q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq2_xxs", "iq2_xs",
                "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
-TILED_MIN_ROWS = 8
+MATMUL_TILED_MIN_ROWS = 8
 
 
 CHECKPOINT_TAIL = 4   # llama-server's context checkpoints: the last 4 prompt tokens go alone
@@ -93,7 +93,7 @@ def batched_rows(kind: str, positions: np.ndarray, ub_start: np.ndarray, ub_size
     the tiled kernel when k >= 8 ("tiled")."""
     if kind == "repack":
         return positions - ub_start < ub_size // 4 * 4
-    return ub_size >= TILED_MIN_ROWS
+    return ub_size >= MATMUL_TILED_MIN_ROWS
 
 
 class RowPlan:
@@ -103,13 +103,14 @@ class RowPlan:
     others follow in calls too small for it."""
 
     def __init__(self, kind: str, batched: np.ndarray, n_outputs: int):
+        self.kind = kind
         n_tokens = len(batched)
         self.n_tokens = n_tokens
-        solo_max = 3 if kind == "repack" else TILED_MIN_ROWS - 1
+        solo_max = 3 if kind == "repack" else MATMUL_TILED_MIN_ROWS - 1
         many = np.flatnonzero(batched)
         few = np.flatnonzero(~batched)
         if len(many):
-            pad = -len(many) % 4 if kind == "repack" else max(0, TILED_MIN_ROWS - len(many))
+            pad = -len(many) % 4 if kind == "repack" else max(0, MATMUL_TILED_MIN_ROWS - len(many))
             many = np.concatenate([many, np.repeat(many[-1:], pad)])
             # gemm leaves the last n % 4 rows to gemv: up to three solo rows ride along
             first = len(many) + (min(solo_max, len(few)) if kind == "repack" else 0)
@@ -125,10 +126,10 @@ class RowPlan:
         self.out_calls = _chunks(0, n_outputs, solo_max)
         self.t_perm = self.t_inv = None
 
-    def declare(self, g, values: dict, kind: str) -> None:
+    def declare(self, g, values: dict) -> None:
         if self.perm is not None:
-            self.t_perm = g.input(f"mm_perm_{kind}", ggml.I32, (len(self.perm),))
-            self.t_inv = g.input(f"mm_inv_{kind}", ggml.I32, (self.n_tokens,))
+            self.t_perm = g.input(f"mm_perm_{self.kind}", ggml.I32, (len(self.perm),))
+            self.t_inv = g.input(f"mm_inv_{self.kind}", ggml.I32, (self.n_tokens,))
             values[self.t_perm] = self.perm
             values[self.t_inv] = self.inv
 

@@ -247,6 +247,20 @@ cdef ggml_tensor * _new_tensor(ggml_context * ctx, int type_, tuple ne) except N
     return ggml_new_tensor(ctx, <ggml_type>type_, max(1, len(ne)), cne)
 
 
+cdef Buffer _declare_weights(Device dev, list infos):
+    """A Buffer whose context declares the GGUF tensors `infos` (no memory yet)."""
+    cdef Buffer b = Buffer.__new__(Buffer)
+    b.ctx = _new_meta_context(len(infos))
+    b.device = dev
+    b.tensors = {}
+    cdef ggml_tensor * p
+    for info in infos:
+        p = _new_tensor(b.ctx, info.ggml_type, info.ne)
+        ggml_set_name(p, info.name.encode()[:63])
+        b.tensors[info.name] = Tensor.wrap(p, b)
+    return b
+
+
 cdef class Graph:
     """A compute graph under construction: the ops models are written with.
 
@@ -576,7 +590,7 @@ cdef class Backend:
         cdef Buffer b
         cdef Device dev
         cdef ggml_tensor * p
-        cdef size_t end, off, nbytes
+        cdef size_t end, off
         by_device = {}
         cdef ggml_backend_buffer_type_t repack_buft = self._cpu_repack_buft() if repack else NULL
         cdef ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(repack_buft, 0) if repack_buft != NULL else NULL
@@ -596,35 +610,23 @@ cdef class Backend:
         if repacked:
             buffers["CPU_REPACK"] = self._load_copies(gguf_file, base, file_size, self.cpu, repacked, repack_buft)
         for dev, infos in by_device.items():
-            ctx = _new_meta_context(len(infos))
-            b = Buffer.__new__(Buffer)
-            b.ctx = ctx
-            b.device = dev
-            b.tensors = {}
-            tensors = []
-            for info in infos:
-                p = _new_tensor(ctx, info.ggml_type, info.ne)
-                ggml_set_name(p, info.name.encode()[:63])
-                b.tensors[info.name] = Tensor.wrap(p, b)
-                tensors.append((<uintptr_t>p, info))
-            if dev.is_cpu:
-                end = max(info.offset + info.nbytes for info in infos)
-                if data_offset + end > file_size:
-                    raise GGMLError(f"{path}: truncated tensor data")
-                b.buf = ggml_backend_cpu_buffer_from_ptr(<void *>(base + data_offset), end)
-                b.keepalive = mm
-                for addr, info in tensors:
-                    p = <ggml_tensor *><uintptr_t>addr
-                    off = info.offset
-                    if ggml_backend_tensor_alloc(b.buf, p, <void *>(base + data_offset + off)) != GGML_STATUS_SUCCESS:
-                        raise GGMLError(f"{path}: cannot place tensor {info.name}")
-                ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-                buffers[dev.name] = b
-            else:
-                ggml_free(ctx)
-                b.ctx = NULL
+            if not dev.is_cpu:
                 buffers[dev.name] = self._load_copies(gguf_file, base, file_size, dev, infos,
                                                       ggml_backend_dev_buffer_type(dev.dev))
+                continue
+            b = _declare_weights(dev, infos)
+            end = max(info.offset + info.nbytes for info in infos)
+            if data_offset + end > file_size:
+                raise GGMLError(f"{path}: truncated tensor data")
+            b.buf = ggml_backend_cpu_buffer_from_ptr(<void *>(base + data_offset), end)
+            b.keepalive = mm
+            for info in infos:
+                p = (<Tensor>b.tensors[info.name]).ptr
+                off = info.offset
+                if ggml_backend_tensor_alloc(b.buf, p, <void *>(base + data_offset + off)) != GGML_STATUS_SUCCESS:
+                    raise GGMLError(f"{path}: cannot place tensor {info.name}")
+            ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            buffers[dev.name] = b
         return buffers
 
     cdef Buffer _load_copies(self, gguf_file, const unsigned char * base, size_t file_size, Device dev,
@@ -632,26 +634,17 @@ cdef class Backend:
         """Tensors allocated in a buffer of type buft, their data copied in from the map."""
         path = gguf_file.path
         cdef size_t data_offset = gguf_file.data_offset
-        cdef ggml_tensor * p
-        cdef Buffer b = Buffer.__new__(Buffer)
-        b.ctx = _new_meta_context(len(infos))
-        b.device = dev
-        b.tensors = {}
-        tensors = []
         for info in infos:
             if data_offset + info.offset + info.nbytes > file_size:
                 raise GGMLError(f"{path}: truncated tensor data")
-            p = _new_tensor(b.ctx, info.ggml_type, info.ne)
-            ggml_set_name(p, info.name.encode()[:63])
-            b.tensors[info.name] = Tensor.wrap(p, b)
-            tensors.append((<uintptr_t>p, info))
+        cdef Buffer b = _declare_weights(dev, infos)
         b.buf = ggml_backend_alloc_ctx_tensors_from_buft(b.ctx, buft)
         if b.buf == NULL:
             need = sum(i.nbytes for i in infos)
             raise MemoryError(f"{path}: cannot allocate {need / 2**20:.1f} MiB of weights on {dev.name}")
-        for addr, info in tensors:
-            p = <ggml_tensor *><uintptr_t>addr
-            ggml_backend_tensor_set(p, base + data_offset + <size_t>info.offset, 0, <size_t>info.nbytes)
+        for info in infos:
+            ggml_backend_tensor_set((<Tensor>b.tensors[info.name]).ptr, base + data_offset + <size_t>info.offset,
+                                    0, <size_t>info.nbytes)
         ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         return b
 

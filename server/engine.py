@@ -83,14 +83,14 @@ class Engine:
         max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
         self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes)
         self._device_of_layer = self._placement(n_layer, n_gpu_layers)
+        matmul_names = matmul_weight_names(self.gguf.tensors)
         self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers),
-                                                 repack=matmul_weight_names(self.gguf.tensors))
+                                                 repack=matmul_names)
         tensors = {}
         for buf in self.weights.values():
             tensors.update(buf.tensors)
         # weights whose CPU kernel depends on the row count of the call (models.inputs.RowPlan)
         self.kernel_of = {}
-        matmul_names = matmul_weight_names(tensors)
         for key, buf in self.weights.items():
             if not buf.device.is_cpu:
                 continue
@@ -99,6 +99,7 @@ class Engine:
                     self.kernel_of[t] = "repack"
                 elif name in matmul_names and ggml.type_name(t.type) in TILED_TYPES:
                     self.kernel_of[t] = "tiled"
+        self._kernel_kinds = sorted(set(self.kernel_of.values()))
         self.model = cls(meta, tensors, self.model_path)
         self.kv = KVCache(self.backend, self.model.kv_layers(self._device_of_layer), self.kv_size,
                           ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v),
@@ -452,8 +453,7 @@ class Engine:
         # unique per (sequence slot, image position): cells of one image occurrence
         return 1 + seq.slot * (1 << 40) + span.start
 
-    def _forward(self, tokens, positions, seq_ids, cells, out_rows, images=None, spans=None,
-                 ubatches=None) -> np.ndarray:
+    def _forward(self, tokens, positions, seq_ids, cells, out_rows, images, spans, ubatches) -> np.ndarray:
         n = len(tokens)
         g = self.backend.graph()
         try:
@@ -462,8 +462,6 @@ class Engine:
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n,))
             t_out = g.input("out_ids", ggml.I32, (max(1, len(out_rows)),)) if len(out_rows) != n else None
-            if ubatches is None:                  # one row per ubatch: generated tokens
-                ubatches = (positions.astype(np.int64), np.ones(n, dtype=np.int64))
             st = self.kv.step(g, cells, seq_ids, positions, spans, ubatches[1])
             inp = ForwardInputs(t_tokens, t_pos, t_out, st, n)
             values = {t_pos: positions, **st.values}
@@ -471,9 +469,9 @@ class Engine:
                 inp.kernel_of = self.kernel_of
                 inp.n_outputs = max(1, len(out_rows)) if t_out is not None else n
                 inp.plans = {}
-                for kind in set(self.kernel_of.values()):
+                for kind in self._kernel_kinds:
                     inp.plans[kind] = RowPlan(kind, batched_rows(kind, positions, *ubatches), inp.n_outputs)
-                    inp.plans[kind].declare(g, values, kind)
+                    inp.plans[kind].declare(g, values)
             if n_tok:
                 values[t_tokens] = tokens[is_token].astype(np.int32)
             if images:

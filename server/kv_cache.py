@@ -20,7 +20,7 @@ N_KV_PAD = 256         # attend over a multiple of 256 cells, as llama.cpp does
 # query rows take a tiled kernel (f32), a lone row over >= 512 cells is split
 # across threads, everything else runs row by row (f16). The kernels round
 # differently; see KVCache.attention_calls for how each row gets llama.cpp's.
-TILED_MIN_ROWS = 64
+FA_TILED_MIN_ROWS = 64
 SPLIT_KV_MIN = 512
 
 _NEG_INF = np.float16(-np.inf)
@@ -94,6 +94,16 @@ class KVCache:
             out[b.device.name] = out.get(b.device.name, 0) + b.nbytes
         return out
 
+    def _region(self, seq: int) -> tuple[int, int]:
+        """[r0, r1): the cells seq fills first (the last region takes the remainder)."""
+        i = seq % self.n_regions
+        r0 = i * self.region
+        return r0, (self.size if i == self.n_regions - 1 else r0 + self.region)
+
+    def _cells_of(self, seq: int) -> np.ndarray:
+        """Indices of the cells seq holds, ascending."""
+        return np.flatnonzero((self.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
+
     def find_cells_for(self, seqs: list[int], counts: list[int]) -> np.ndarray:
         """Plan cells for a batch made of `counts[i]` new tokens of sequence `seqs[i]`.
 
@@ -109,9 +119,8 @@ class KVCache:
             raise KVCacheFull(f"need {sum(counts)} KV cells, {int(free.sum())} free")
         out = []
         for seq, n in zip(seqs, counts):
-            r0 = (seq % self.n_regions) * self.region
-            r1 = self.size if seq % self.n_regions == self.n_regions - 1 else r0 + self.region
-            mine = np.flatnonzero((self.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
+            r0, r1 = self._region(seq)
+            mine = self._cells_of(seq)
             above = int(mine[-1]) + 1 if len(mine) else 0
             cells = np.zeros(0, dtype=np.int64)
             for lo, hi in ((max(r0, above), r1), (above, self.size), (0, self.size)):
@@ -159,12 +168,12 @@ class KVCache:
         Why not share the cells (seq_cp): a sequence whose prefix lies in another
         slot's region spans both regions, and its attention would walk every cell in
         between and group cells differently from the sequence alone."""
-        sbit = np.uint64(1) << np.uint64(src)
-        src_cells = np.flatnonzero(((self.seqs & sbit) != 0) & (self.pos < p1) & (self.pos >= 0))
+        src_cells = self._cells_of(src)
+        src_cells = src_cells[self.pos[src_cells] < p1]
         src_cells = src_cells[np.argsort(self.pos[src_cells], kind="stable")]
         if len(src_cells) != p1 or not np.array_equal(self.pos[src_cells], np.arange(p1)):
             return False
-        r0 = (dst % self.n_regions) * self.region
+        r0, _ = self._region(dst)
         dst_cells = np.arange(r0, r0 + p1)
         if r0 + p1 > self.size or self.seqs[dst_cells].any():
             return False
@@ -190,7 +199,7 @@ class KVCache:
     def view_for(self, seq: int) -> tuple[int, int]:
         """The cell range [c0, c1) llama.cpp would attend over for seq running alone:
         from its first cell, the cells it spans padded to N_KV_PAD."""
-        mine = np.flatnonzero((self.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
+        mine = self._cells_of(seq)
         lo, hi = int(mine[0]), int(mine[-1]) + 1
         n = min(self.size, max(N_KV_PAD, -(-(hi - lo) // N_KV_PAD) * N_KV_PAD))
         c0 = min(lo, self.size - n)
@@ -222,14 +231,14 @@ class KVCache:
 
     def step_worst_case(self, g, n_tokens: int) -> "KVStep":
         """Inputs shaped for the largest step (n_tokens over every cell), for reserve()."""
-        return self._declare(g, n_tokens, [(0, n_tokens, 0, self.size, max(n_tokens, TILED_MIN_ROWS))])
+        return self._declare(g, n_tokens, [(0, n_tokens, 0, self.size, max(n_tokens, FA_TILED_MIN_ROWS))])
 
-    def step(self, g, cells, seq_ids, positions, spans=None, ubatch_size=None) -> "KVStep":
+    def step(self, g, cells, seq_ids, positions, spans, ubatch_size) -> "KVStep":
         """Declare this step's cache inputs in graph g (call after commit).
 
         ubatch_size: per row, the rows of the ubatch llama.cpp computes it in when its
-        sequence runs alone (models.inputs.solo_ubatches); None: one each."""
-        tiled = np.zeros(len(cells), dtype=bool) if ubatch_size is None else ubatch_size >= TILED_MIN_ROWS
+        sequence runs alone (models.inputs.solo_ubatches)."""
+        tiled = ubatch_size >= FA_TILED_MIN_ROWS
         calls = self.attention_calls(seq_ids, tiled)
         st = self._declare(g, len(cells), calls)
         st.values[st.slots] = cells.astype(np.int64)
@@ -290,14 +299,14 @@ class KVCache:
             rows = t1 - t0
             if is_tiled:
                 flush()
-                calls.append((t0, t1, c0, c1, max(rows, TILED_MIN_ROWS)))
+                calls.append((t0, t1, c0, c1, max(rows, FA_TILED_MIN_ROWS)))
             elif rows == 1 and c1 - c0 >= SPLIT_KV_MIN:
                 flush()
                 calls.append((t0, t1, c0, c1, 1))
             else:
-                for a in range(t0, t1, TILED_MIN_ROWS - 1):      # never >= 64 rows in one call
-                    b = min(t1, a + TILED_MIN_ROWS - 1)
-                    if group and (group[-1][1] - group[0][0] + (b - a) >= TILED_MIN_ROWS
+                for a in range(t0, t1, FA_TILED_MIN_ROWS - 1):      # never >= 64 rows in one call
+                    b = min(t1, a + FA_TILED_MIN_ROWS - 1)
+                    if group and (group[-1][1] - group[0][0] + (b - a) >= FA_TILED_MIN_ROWS
                                   or _union_waste(group, c0, c1) > N_KV_PAD):
                         flush()
                     group.append((a, b, c0, c1))
