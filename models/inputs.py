@@ -126,12 +126,21 @@ class RowPlan:
         self.out_calls = _chunks(0, n_outputs, solo_max)
         self.t_perm = self.t_inv = None
 
-    def declare(self, g, values: dict) -> None:
+    @property
+    def key(self) -> tuple:
+        """What the graph built from this plan depends on (the rest are input values)."""
+        return (self.kind, tuple(self.calls), None if self.perm is None else len(self.perm), tuple(self.out_calls))
+
+    def values(self) -> dict[str, np.ndarray]:
+        """The plan's graph inputs by name (declare() declares them)."""
+        if self.perm is None:
+            return {}
+        return {f"mm_perm_{self.kind}": self.perm, f"mm_inv_{self.kind}": self.inv}
+
+    def declare(self, g) -> None:
         if self.perm is not None:
             self.t_perm = g.input(f"mm_perm_{self.kind}", ggml.I32, (len(self.perm),))
             self.t_inv = g.input(f"mm_inv_{self.kind}", ggml.I32, (self.n_tokens,))
-            values[self.t_perm] = self.perm
-            values[self.t_inv] = self.inv
 
     def apply(self, g, w, x, full_batch: bool):
         calls = self.calls if full_batch else self.out_calls

@@ -272,6 +272,7 @@ cdef class Graph:
     cdef ggml_cgraph * gf
     cdef readonly list inputs
     cdef readonly int max_nodes
+    cdef bint was_allocated    # its tensors hold addresses in a compute buffer
 
     def __cinit__(self, int max_nodes=16384):
         cdef ggml_init_params p
@@ -445,6 +446,7 @@ cdef class Backend:
     cdef readonly int n_threads
     cdef readonly int max_nodes
     cdef readonly dict compute_bytes
+    cdef Graph _allocated      # the graph the scheduler's buffers hold now
 
     def __init__(self, int n_threads=0, bint use_gpu=True, int max_nodes=16384):
         cdef size_t i
@@ -490,6 +492,7 @@ cdef class Backend:
 
     cdef _free(self):
         cdef Device dv
+        self._allocated = None
         if self.sched != NULL:
             ggml_backend_sched_free(self.sched)
             self.sched = NULL
@@ -655,17 +658,36 @@ cdef class Backend:
         cdef Device dv
         if not ggml_backend_sched_reserve(self.sched, g.gf):
             raise MemoryError("cannot reserve compute memory for the worst-case graph")
+        self._allocated = None
         for dv in self.devices:
             self.compute_bytes[dv.name] = ggml_backend_sched_get_buffer_size(self.sched, dv.backend)
         ggml_backend_sched_reset(self.sched)
 
+    def holds(self, Graph g):
+        """Is g still allocated (no other graph computed since), so that computing
+        it again skips the scheduler's split and allocation?"""
+        return g is self._allocated and g.gf != NULL
+
     def compute(self, Graph g, dict inputs):
-        """Allocate g, fill its inputs from numpy arrays, run it (GIL released)."""
+        """Allocate g, fill its inputs from numpy arrays, run it (GIL released).
+
+        A graph computed again while the scheduler still holds it runs as allocated
+        (as llama.cpp reuses its decode graph): only the inputs are written. Once
+        another graph has been computed, g's tensors point at memory that is no
+        longer its own: build it anew."""
         cdef Tensor t
         cdef ggml_status st
-        ggml_backend_sched_reset(self.sched)
-        if not ggml_backend_sched_alloc_graph(self.sched, g.gf):
-            raise MemoryError("cannot allocate the compute graph")
+        if g.gf == NULL:
+            raise GGMLError("the graph is closed")
+        if g is not self._allocated:
+            if g.was_allocated:
+                raise GGMLError("this graph was allocated before another one ran; build it again")
+            self._allocated = None
+            ggml_backend_sched_reset(self.sched)
+            if not ggml_backend_sched_alloc_graph(self.sched, g.gf):
+                raise MemoryError("cannot allocate the compute graph")
+            g.was_allocated = True
+            self._allocated = g
         for t, arr in inputs.items():
             t.write(arr)
         with nogil:

@@ -118,6 +118,8 @@ class Engine:
         self._slot_cache: list[list[int]] = [[] for _ in range(n_parallel)]  # what an idle slot's KV holds
         self._slot_used_at = [0.0] * n_parallel
         self._reserve()
+        self._graph: BuiltGraph | None = None     # the last step's graph, reused while the shape holds
+        self.graph_builds = 0
         self.load_seconds = time.perf_counter() - t0
         self.last_compute_seconds = 0.0
         self.last_step_seconds = 0.0
@@ -167,7 +169,7 @@ class Engine:
             tokens = g.input("tokens", ggml.I32, (n,))
             pos = g.input("pos", ggml.I32, (n,))
             out_ids = g.input("out_ids", ggml.I32, (min(n, self.n_parallel),))
-            st = self.kv.step_worst_case(g, n)
+            st = self.kv.declare(g, n, self.kv.worst_case_calls(n))
             g.output(self.model.forward(g, ForwardInputs(tokens, pos, out_ids, st, n)))
             self.backend.reserve(g)
         finally:
@@ -196,6 +198,9 @@ class Engine:
         return "\n".join(lines)
 
     def close(self):
+        if self._graph is not None:
+            self._graph.graph.close()
+            self._graph = None
         if self.vision is not None:
             self.vision.close()
         self.kv.close()
@@ -455,48 +460,78 @@ class Engine:
 
     def _forward(self, tokens, positions, seq_ids, cells, out_rows, images, spans, ubatches) -> np.ndarray:
         n = len(tokens)
+        is_token = tokens >= 0
+        n_tok = int(is_token.sum())
+        n_out = len(out_rows)
+        all_out = n_out == n
+        calls = self.kv.calls_for(seq_ids, ubatches[1])
+        plans = [RowPlan(kind, batched_rows(kind, positions, *ubatches), n if all_out else max(1, n_out))
+                 for kind in self._kernel_kinds]
+        values = {"pos": positions, **self.kv.step_values(cells, seq_ids, positions, spans, calls)}
+        for plan in plans:
+            values.update(plan.values())
+        if n_tok:
+            values["tokens"] = tokens[is_token].astype(np.int32)
+        if not all_out:
+            values["out_ids"] = out_rows if n_out else np.zeros(1, np.int32)
+        if images:
+            values.update(self._image_values(images, is_token))
+        # the graph is a function of these; the values above are its inputs
+        key = (n, n_tok, all_out or n_out, tuple(calls), tuple(p.key for p in plans))
+        built = self._graph
+        if images or built is None or built.key != key or not self.backend.holds(built.graph):
+            if built is not None:
+                built.graph.close()
+            built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), calls, plans,
+                                              n - n_tok if images else 0)
+            self.graph_builds += 1
+        try:
+            t = time.perf_counter()
+            self.backend.compute(built.graph, {built.inputs[name]: arr for name, arr in values.items()})
+            self.last_compute_seconds = time.perf_counter() - t
+            out = built.logits.read()
+        finally:
+            if images:       # image steps are one of a kind: not kept
+                built.graph.close()
+                self._graph = None
+        return out.reshape(-1, self.model.n_vocab)[:n_out]
+
+    def _image_values(self, images, is_token) -> dict[str, np.ndarray]:
+        """The image embedding rows of the batch, and (with token rows too) where each
+        batch row comes from in concat(token rows, image rows)."""
+        image_row_index = np.cumsum(~is_token) - 1
+        emb = np.empty((int((~is_token).sum()), self.model.n_embd), dtype=np.float32)
+        for at, block in images:
+            emb[image_row_index[at]: image_row_index[at] + len(block)] = block
+        values = {"image_embd": emb}
+        if is_token.any():
+            order = np.where(is_token, np.cumsum(is_token) - 1, int(is_token.sum()) + image_row_index)
+            values["row_order"] = order.astype(np.int32)
+        return values
+
+    def _build(self, key, n, n_tok, n_out, calls, plans, n_img) -> "BuiltGraph":
+        """The forward graph for a batch of this shape (n_out None: logits for every row)."""
         g = self.backend.graph()
         try:
-            is_token = tokens >= 0
-            n_tok = int(is_token.sum())
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n,))
-            t_out = g.input("out_ids", ggml.I32, (max(1, len(out_rows)),)) if len(out_rows) != n else None
-            st = self.kv.step(g, cells, seq_ids, positions, spans, ubatches[1])
-            inp = ForwardInputs(t_tokens, t_pos, t_out, st, n)
-            values = {t_pos: positions, **st.values}
+            t_out = g.input("out_ids", ggml.I32, (n_out,)) if n_out is not None else None
+            inp = ForwardInputs(t_tokens, t_pos, t_out, self.kv.declare(g, n, calls), n)
             if self.kernel_of:
                 inp.kernel_of = self.kernel_of
-                inp.n_outputs = max(1, len(out_rows)) if t_out is not None else n
-                inp.plans = {}
-                for kind in self._kernel_kinds:
-                    inp.plans[kind] = RowPlan(kind, batched_rows(kind, positions, *ubatches), inp.n_outputs)
-                    inp.plans[kind].declare(g, values)
-            if n_tok:
-                values[t_tokens] = tokens[is_token].astype(np.int32)
-            if images:
-                n_img = n - n_tok
-                emb = np.empty((n_img, self.model.n_embd), dtype=np.float32)
-                image_row_index = np.cumsum(~is_token) - 1
-                for at, block in images:
-                    emb[image_row_index[at]: image_row_index[at] + len(block)] = block
+                inp.n_outputs = n if n_out is None else n_out
+                inp.plans = {p.kind: p for p in plans}
+                for p in plans:
+                    p.declare(g)
+            if n_img:
                 inp.images = g.input("image_embd", ggml.F32, (self.model.n_embd, n_img))
-                values[inp.images] = emb
                 if n_tok:
-                    # concat(token rows, image rows) -> batch order
-                    order = np.where(is_token, np.cumsum(is_token) - 1, n_tok + image_row_index)
                     inp.order = g.input("row_order", ggml.I32, (n,))
-                    values[inp.order] = order.astype(np.int32)
             logits = g.output(self.model.forward(g, inp))
-            if t_out is not None:
-                values[t_out] = out_rows if len(out_rows) else np.zeros(1, np.int32)
-            t = time.perf_counter()
-            self.backend.compute(g, values)
-            self.last_compute_seconds = time.perf_counter() - t
-            out = logits.read()
-            return out.reshape(-1, self.model.n_vocab)[: len(out_rows)]
-        finally:
+        except BaseException:
             g.close()
+            raise
+        return BuiltGraph(key, g, {t.name: t for t in g.inputs}, logits)
 
     def _on_token(self, seq: Sequence, r) -> TokenEvent:
         seq.tokens.append(r.token)
@@ -517,6 +552,18 @@ class Engine:
         self.scheduler.remove(seq.id)
         self._release(seq, keep=True)
         return TokenEvent(seq.id, token, None, [], reason, seq.n_prompt, seq.n_cached)
+
+
+class BuiltGraph:
+    """A forward graph kept between steps: decode steps of the same shape (same
+    batch rows, attention calls and matmul row plans) only refill its inputs, as
+    llama.cpp reuses its graph, skipping the Python build and ggml's allocation."""
+
+    def __init__(self, key, graph, inputs: dict, logits):
+        self.key = key
+        self.graph = graph
+        self.inputs = inputs       # input name -> tensor
+        self.logits = logits
 
 
 class ImageStore:

@@ -229,21 +229,22 @@ class KVCache:
         mask[visible] = 0
         return mask
 
-    def step_worst_case(self, g, n_tokens: int) -> "KVStep":
-        """Inputs shaped for the largest step (n_tokens over every cell), for reserve()."""
-        return self._declare(g, n_tokens, [(0, n_tokens, 0, self.size, max(n_tokens, FA_TILED_MIN_ROWS))])
+    def worst_case_calls(self, n_tokens: int) -> list[tuple[int, int, int, int, int]]:
+        """The attention calls of the largest step (n_tokens over every cell), for reserve()."""
+        return [(0, n_tokens, 0, self.size, max(n_tokens, FA_TILED_MIN_ROWS))]
 
-    def step(self, g, cells, seq_ids, positions, spans, ubatch_size) -> "KVStep":
-        """Declare this step's cache inputs in graph g (call after commit).
+    def calls_for(self, seq_ids: np.ndarray, ubatch_size: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+        """This step's attention calls (see attention_calls). ubatch_size: per row, the
+        rows of the ubatch llama.cpp computes it in when its sequence runs alone
+        (models.inputs.solo_ubatches)."""
+        return self.attention_calls(seq_ids, ubatch_size >= FA_TILED_MIN_ROWS)
 
-        ubatch_size: per row, the rows of the ubatch llama.cpp computes it in when its
-        sequence runs alone (models.inputs.solo_ubatches)."""
-        tiled = ubatch_size >= FA_TILED_MIN_ROWS
-        calls = self.attention_calls(seq_ids, tiled)
-        st = self._declare(g, len(cells), calls)
-        st.values[st.slots] = cells.astype(np.int64)
+    def step_values(self, cells, seq_ids, positions, spans, calls) -> dict[str, np.ndarray]:
+        """This step's cache inputs by name (call after commit): the cells to write,
+        and per attention call its mask block."""
+        values = {"kv_slots": cells.astype(np.int64)}
         windows = [0] + ([max(l.sliding_window for l in self.layers)] if self.has_swa else [])
-        for window, t in zip(windows, (st.mask, st.mask_swa)):
+        for window, name in zip(windows, ("kq_mask", "kq_mask_swa")):
             blocks = []
             for t0, t1, c0, c1, rows in calls:
                 m = self.build_mask(c0, c1, seq_ids[t0:t1], positions[t0:t1],
@@ -251,10 +252,12 @@ class KVCache:
                 blocks.append(m.ravel())
                 if rows > t1 - t0:       # padding rows (see attention_calls): see every cell
                     blocks.append(np.zeros((rows - (t1 - t0)) * (c1 - c0), dtype=np.float16))
-            st.values[t] = np.concatenate(blocks)
-        return st
+            values[name] = np.concatenate(blocks)
+        return values
 
-    def _declare(self, g, n_tokens: int, calls) -> "KVStep":
+    def declare(self, g, n_tokens: int, calls) -> "KVStep":
+        """Declare the cache inputs of a step with these attention calls in graph g
+        (named as step_values names them)."""
         st = KVStep(self, calls)
         n_mask = sum(rows * (c1 - c0) for _, _, c0, c1, rows in calls)
         st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
@@ -334,7 +337,6 @@ class KVStep:
         self.slots = None
         self.mask = None
         self.mask_swa = None
-        self.values = {}
 
     def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Store this batch's k, v for layer il, then attend q over the cache.

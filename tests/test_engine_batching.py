@@ -105,6 +105,13 @@ def test_a_prefix_held_by_a_running_sequence_is_copied_and_gives_the_same_tokens
     assert tokens(got) == fresh
 
 
+def test_decode_steps_reuse_the_graph_of_the_first_decode_step(smollm2_path):
+    e = _engine(smollm2_path)
+    generate(e, {"c": FOUR["capital"]}, 32)      # 1 prompt step, 31 decode steps within 256 cells
+    e.close()
+    assert e.graph_builds == 2
+
+
 def test_temperature_zero_equals_greedy(smollm2_path, solo_tokens):
     e = _engine(smollm2_path)
     got = tokens(generate(e, {"c": FOUR["capital"]}, 32, SamplingParams(temperature=0.0, top_k=40))["c"])
