@@ -334,6 +334,16 @@ cdef class Graph:
     def n_nodes(self):
         return ggml_graph_n_nodes(self.gf)
 
+    def ops(self):
+        """(op, tensor name, shape) of every node in compute order: what the graph runs."""
+        cdef ggml_tensor * t
+        out = []
+        for i in range(ggml_graph_n_nodes(self.gf)):
+            t = ggml_graph_node(self.gf, i)
+            out.append(((<bytes>ggml_op_desc(t)).decode(), (<bytes>ggml_get_name(t)).decode(),
+                        tuple(t.ne[d] for d in range(4))))
+        return out
+
     # -- elementwise ---------------------------------------------------------
 
     def add(self, Tensor a, Tensor b): return self._t(ggml_add(self.ctx, a.ptr, b.ptr))

@@ -74,6 +74,9 @@ cdef extern from "ggml.h":
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, cbool grads)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
     int ggml_graph_n_nodes(ggml_cgraph * cgraph)
+    ggml_tensor * ggml_graph_node(ggml_cgraph * cgraph, int i)
+    const char * ggml_op_desc(const ggml_tensor * t)
+    const char * ggml_get_name(const ggml_tensor * tensor)
 
     ggml_tensor * ggml_dup(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_add(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)

@@ -37,3 +37,9 @@ def test_a_graph_is_not_run_again_after_another_graph_ran(backend):
         backend.compute(g1, {x1: np.zeros(4, dtype=np.float32)})
     g1.close()
     g2.close()
+
+
+def test_ops_lists_what_the_graph_runs(backend):
+    g, _, _ = _doubling_graph(backend)
+    assert [(op, shape) for op, _, shape in g.ops()] == [("SCALE", (4, 1, 1, 1))]
+    g.close()
