@@ -81,16 +81,21 @@ def main(argv=None) -> int:
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("-r", "--reps", type=int, default=3)
     p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench, run side by side")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="with --llama-bench: rounds of both, order swapped each round (A B B A ...)")
     p.add_argument("--out", default="bench/results/engine.json")
     args = p.parse_args(argv)
     model = args.model or default_model_path()
 
     results = []
-    rounds = 2 if args.llama_bench else 1   # A B A B: drift hits both
-    for _ in range(rounds):
-        results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps))
-        if args.llama_bench:
-            results.append(bench_llama(args.llama_bench, model, args.threads, args.n_prompt, args.n_gen, args.reps))
+    # A B B A ...: slow drift on a shared machine hits both; medians over rounds
+    rounds = max(1, args.rounds) if args.llama_bench else 1
+    for r in range(rounds):
+        ours = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps))
+        theirs = lambda: results.append(bench_llama(args.llama_bench, model, args.threads, args.n_prompt,
+                                                    args.n_gen, args.reps))
+        for run in ((ours, theirs) if r % 2 == 0 else (theirs, ours))[: 2 if args.llama_bench else 1]:
+            run()
 
     def med(impl, key):
         vals = [r[key] for r in results if r["impl"] == impl]

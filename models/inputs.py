@@ -70,6 +70,8 @@ def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoi
     before the prompt's end, and before user turns of a chat (`turn_starts`), to
     save context checkpoints there. Generated tokens come one per ubatch.
     """
+    if positions.min(initial=n_prompt) >= n_prompt:        # decode rows only
+        return positions.astype(np.int64), np.ones(len(positions), dtype=np.int64)
     cuts = {0, n_prompt}
     for span in image_spans:
         cuts.update((span.start, span.end))

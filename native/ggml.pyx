@@ -457,6 +457,7 @@ cdef class Backend:
     cdef readonly int max_nodes
     cdef readonly dict compute_bytes
     cdef Graph _allocated      # the graph the scheduler's buffers hold now
+    cdef ggml_threadpool * _threadpool
 
     def __init__(self, int n_threads=0, bint use_gpu=True, int max_nodes=16384):
         cdef size_t i
@@ -491,8 +492,7 @@ cdef class Backend:
             backends[n] = dv.backend
             n += 1
         self.cpu_backend = (<Device>self.devices[-1]).backend
-        self.n_threads = n_threads if n_threads > 0 else max(1, os.cpu_count() or 1)
-        ggml_backend_cpu_set_n_threads(self.cpu_backend, self.n_threads)
+        self.set_n_threads(n_threads if n_threads > 0 else max(1, os.cpu_count() or 1))
         self.sched = ggml_backend_sched_new(backends, NULL, n, max_nodes, False, True)
         if self.sched == NULL:
             raise GGMLError("ggml_backend_sched_new failed")
@@ -511,6 +511,9 @@ cdef class Backend:
                 ggml_backend_free(dv.backend)
                 dv.backend = NULL
         self.devices = []
+        if self._threadpool != NULL:
+            ggml_threadpool_free(self._threadpool)
+            self._threadpool = NULL
 
     def close(self):
         self._free()
@@ -524,8 +527,20 @@ cdef class Backend:
         return self.devices[:-1]
 
     def set_n_threads(self, int n):
+        """CPU threads for compute, in a thread pool kept across graphs (as llama.cpp
+        attaches one; without it ggml sets up a pool for every graph)."""
+        cdef ggml_threadpool_params tpp
+        cdef ggml_threadpool * old = self._threadpool
+        ggml_threadpool_params_init(&tpp, n)
+        cdef ggml_threadpool * tp = ggml_threadpool_new(&tpp)
+        if tp == NULL:
+            raise GGMLError(f"cannot create a pool of {n} CPU threads")
         self.n_threads = n
         ggml_backend_cpu_set_n_threads(self.cpu_backend, n)
+        ggml_backend_cpu_set_threadpool(self.cpu_backend, tp)
+        self._threadpool = tp
+        if old != NULL:
+            ggml_threadpool_free(old)
 
     def graph(self):
         return Graph(self.max_nodes)

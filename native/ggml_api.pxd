@@ -206,5 +206,16 @@ cdef extern from "ggml-alloc.h":
     ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(ggml_context * ctx, ggml_backend_buffer_type_t buft)
 
 
+cdef extern from "ggml.h":
+    cdef struct ggml_threadpool:
+        pass
+    cdef struct ggml_threadpool_params:
+        int n_threads
+    void ggml_threadpool_params_init(ggml_threadpool_params * p, int n_threads)
+
+
 cdef extern from "ggml-cpu.h":
     void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads)
+    ggml_threadpool * ggml_threadpool_new(ggml_threadpool_params * params)
+    void ggml_threadpool_free(ggml_threadpool * threadpool)
+    void ggml_backend_cpu_set_threadpool(ggml_backend_t backend_cpu, ggml_threadpool * threadpool)

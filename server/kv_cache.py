@@ -55,6 +55,9 @@ class KVCache:
         self.seqs = np.zeros(size, dtype=np.uint64)
         # span id per cell: cells of one bidirectional span (an image) see each other
         self.span = np.zeros(size, dtype=np.int64)
+        # (first cell, last cell) per sequence, kept up to date by commit, dropped by
+        # other changes: every step asks for them, a scan of the cache costs more
+        self._extent: dict[int, tuple[int, int]] = {}
         self.buffers = []
         self.k, self.v = [], []
         by_device = {}
@@ -104,6 +107,16 @@ class KVCache:
         """Indices of the cells seq holds, ascending."""
         return np.flatnonzero((self.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
 
+    def _extent_of(self, seq: int) -> tuple[int, int] | None:
+        """(first, last) cell seq holds; None when it holds none."""
+        ext = self._extent.get(seq)
+        if ext is None:
+            mine = self._cells_of(seq)
+            if not len(mine):
+                return None
+            ext = self._extent[seq] = (int(mine[0]), int(mine[-1]))
+        return ext
+
     def find_cells_for(self, seqs: list[int], counts: list[int]) -> np.ndarray:
         """Plan cells for a batch made of `counts[i]` new tokens of sequence `seqs[i]`.
 
@@ -114,14 +127,31 @@ class KVCache:
         own region first, then anywhere above; only when none is left above, any
         free cell. No mutation.
         """
+        # usual case (decodes, prompt chunks): the cells right above each sequence's
+        # last one, in its own region, are free, so they are the first free ones
+        blocks = []
+        for seq, n in zip(seqs, counts):
+            r0, r1 = self._region(seq)
+            ext = self._extent_of(seq)
+            start = max(r0, ext[1] + 1 if ext else 0)
+            if start + n > r1 or self.seqs[start:start + n].any():
+                return self._find_cells_scanning(seqs, counts)
+            blocks.append((start, start + n))
+        ordered = sorted(b for b in blocks if b[1] > b[0])
+        if any(b[0] < a[1] for a, b in zip(ordered, ordered[1:])):
+            return self._find_cells_scanning(seqs, counts)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in blocks]) if blocks \
+            else np.zeros(0, dtype=np.int64)
+
+    def _find_cells_scanning(self, seqs: list[int], counts: list[int]) -> np.ndarray:
         free = self.seqs == 0
         if int(free.sum()) < sum(counts):
             raise KVCacheFull(f"need {sum(counts)} KV cells, {int(free.sum())} free")
         out = []
         for seq, n in zip(seqs, counts):
             r0, r1 = self._region(seq)
-            mine = self._cells_of(seq)
-            above = int(mine[-1]) + 1 if len(mine) else 0
+            ext = self._extent_of(seq)
+            above = ext[1] + 1 if ext else 0
             cells = np.zeros(0, dtype=np.int64)
             for lo, hi in ((max(r0, above), r1), (above, self.size), (0, self.size)):
                 if len(cells) >= n or lo >= hi:
@@ -139,6 +169,10 @@ class KVCache:
         """Apply a plan: cells now hold these sequences' tokens at these positions."""
         self.pos[cells] = positions
         self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        for seq in set(seq_ids.tolist()) & self._extent.keys():
+            ext = self._extent[seq]
+            mine = cells[seq_ids == seq]
+            self._extent[seq] = (min(ext[0], int(mine.min())), max(ext[1], int(mine.max())))
         self.span[cells] = 0 if spans is None else spans
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> None:
@@ -149,6 +183,7 @@ class KVCache:
         if p1 is not None:
             sel &= self.pos < p1
         self.seqs[sel] &= ~bit
+        self._extent.clear()
         self.pos[self.seqs == 0] = -1
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
@@ -159,6 +194,7 @@ class KVCache:
         if p1 is not None:
             sel &= self.pos < p1
         self.seqs[sel] |= np.uint64(1) << np.uint64(dst)
+        self._extent.clear()
 
     def seq_copy(self, backend, src: int, dst: int, p1: int) -> bool:
         """Give dst its own copy of src's cells with pos < p1, at the start of dst's
@@ -192,6 +228,7 @@ class KVCache:
     def clear(self) -> None:
         self.pos[:] = -1
         self.seqs[:] = 0
+        self._extent.clear()
         self.span[:] = 0
 
     # -- per-step graph inputs -----------------------------------------------------
@@ -199,8 +236,8 @@ class KVCache:
     def view_for(self, seq: int) -> tuple[int, int]:
         """The cell range [c0, c1) llama.cpp would attend over for seq running alone:
         from its first cell, the cells it spans padded to N_KV_PAD."""
-        mine = self._cells_of(seq)
-        lo, hi = int(mine[0]), int(mine[-1]) + 1
+        lo, last = self._extent_of(seq)
+        hi = last + 1
         n = min(self.size, max(N_KV_PAD, -(-(hi - lo) // N_KV_PAD) * N_KV_PAD))
         c0 = min(lo, self.size - n)
         return c0, c0 + n

@@ -200,7 +200,7 @@ class SequenceSampler:
 @dataclass
 class SampleResult:
     token: int
-    logprob: float                       # log-softmax of the RAW logits (pre-sampling, over the whole vocab), of the chosen token
+    logprob: float | None                # log-softmax of the RAW logits (pre-sampling, over the whole vocab), of the chosen token; None if n_probs == 0
     top: list[tuple[int, float]]         # n_probs best (token, logprob) from the same raw log-softmax, best first; [] if n_probs == 0
 
 
@@ -210,7 +210,11 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
     if logits.ndim != 2 or logits.shape[0] != len(samplers):
         raise ValueError(f"logits shape {logits.shape} does not match {len(samplers)} samplers")
     n_rows, n_vocab = logits.shape
-    lse = _logsumexp_rows(logits)                                   # [n_rows]
+    # log-softmax only for the rows that report logprobs (a full pass over the vocab)
+    wants_lp = [i for i, s in enumerate(samplers) if s.params.n_probs > 0]
+    lse = np.zeros(n_rows, dtype=np.float32)
+    if wants_lp:
+        lse[wants_lp] = _logsumexp_rows(_take_rows(logits, wants_lp))
 
     adjusting = [i for i, s in enumerate(samplers) if s.adjusts_logits]
     work = logits.copy() if adjusting else logits                   # [n_rows, n_vocab]
@@ -246,7 +250,8 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
         if i in tops_raw:
             ids = tops_raw[i]
             top = [(int(t), float(lp)) for t, lp in zip(ids, logits[i, ids] - lse[i])]
-        results.append(SampleResult(tok, float(logits[i, tok] - lse[i]), top))
+        lp = float(logits[i, tok] - lse[i]) if samplers[i].params.n_probs > 0 else None
+        results.append(SampleResult(tok, lp, top))
     return results
 
 

@@ -281,3 +281,8 @@ def test_validate_accepts_defaults_and_disabled_values():
 def test_sequence_sampler_validates_params():
     with pytest.raises(ValueError, match="top_p"):
         SequenceSampler(SamplingParams(top_p=0.0))
+
+
+def test_no_logprob_without_n_probs():
+    logits = np.array([[0.0, 1.0, 2.0]], dtype=np.float32)
+    assert sample_batch(logits, [SequenceSampler(SamplingParams(temperature=0))])[0].logprob is None
