@@ -322,11 +322,11 @@ class KVCache:
           its solo result.
         """
         runs, t0 = [], 0
-        change = (np.diff(seq_ids) != 0) | (np.diff(tiled.astype(np.int8)) != 0)
-        for t1 in list(np.flatnonzero(change) + 1) + [len(seq_ids)]:
-            t1 = int(t1)
-            runs.append((t0, t1) + self.view_for(int(seq_ids[t0])) + (bool(tiled[t0]),))
-            t0 = t1
+        ids, tl = seq_ids.tolist(), tiled.tolist()
+        for t1 in range(1, len(ids) + 1):
+            if t1 == len(ids) or ids[t1] != ids[t0] or tl[t1] != tl[t0]:
+                runs.append((t0, t1) + self.view_for(ids[t0]) + (bool(tl[t0]),))
+                t0 = t1
         calls, group = [], []
 
         def flush():
@@ -358,11 +358,13 @@ def _union_waste(group, c0: int, c1: int) -> int:
     """Cells a shared call would walk that belong to none of its sequences' ranges:
     sequences in distant regions of the cache are cheaper attended apart (the kernel
     still visits every masked cell)."""
-    lo, hi = min(min(g[2] for g in group), c0), max(max(g[3] for g in group), c1)
-    covered = np.zeros(hi - lo, dtype=bool)
-    for g0, g1 in [(g[2], g[3]) for g in group] + [(c0, c1)]:
-        covered[g0 - lo:g1 - lo] = True
-    return int((~covered).sum())
+    ranges = sorted([(g[2], g[3]) for g in group] + [(c0, c1)])
+    covered, end = 0, ranges[0][0]
+    for a, b in ranges:
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    return end - ranges[0][0] - covered
 
 
 class KVStep:

@@ -86,3 +86,20 @@ def test_a_sequence_attends_from_its_first_cell_over_a_multiple_of_256(backend):
     kv = _cache(backend, size=2048, regions=2)
     _add(kv, 1, 300)
     assert kv.view_for(1) == (1024, 1536)
+
+
+def test_rows_of_sequences_in_distant_regions_get_separate_attention_calls(backend):
+    kv = _cache(backend, size=4096, regions=4)
+    for seq in (0, 1, 2):
+        _add(kv, seq, 10)
+    kv.commit(kv.find_cells_for([0, 1, 2], [1, 1, 1]), np.array([0, 1, 2]), np.full(3, 10, dtype=np.int32))
+    calls = kv.attention_calls(np.array([0, 1, 2]), np.zeros(3, dtype=bool))
+    assert calls == [(0, 1, 0, 256, 1), (1, 2, 1024, 1280, 1), (2, 3, 2048, 2304, 1)]
+
+
+def test_rows_of_sequences_with_close_cells_share_one_attention_call(backend):
+    kv = _cache(backend, size=1024, regions=8)      # 128-cell regions: views overlap
+    for seq in (0, 1):
+        _add(kv, seq, 10)
+    calls = kv.attention_calls(np.array([0, 0, 1]), np.zeros(3, dtype=bool))
+    assert calls == [(0, 3, 0, 384, 3)]
