@@ -4,7 +4,8 @@
 
 Prompt processing: one 512-token prompt in one step (tokens/s).
 Generation: 128 tokens decoded one per step from an empty context, as llama-bench's
-tg128 does (tokens/s).
+tg128 does (tokens/s). With --depth D both start with D tokens already in the
+context (llama-bench -d D).
 Python overhead per decode step: step wall time minus the time ggml spent in
 compute (graph build, mask building, sampling, bookkeeping), as a share of the step.
 With --llama-bench, llama.cpp's llama-bench runs on the same model and threads in
@@ -30,20 +31,27 @@ from ggserve.server.sampling import SamplingParams  # noqa: E402
 GREEDY = SamplingParams(temperature=0.0, top_k=1)
 
 
-def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
-    engine = Engine(model, n_ctx=2048, n_batch=n_prompt, n_parallel=1, n_threads=threads)
+def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> dict:
+    engine = Engine(model, n_ctx=max(2048, depth + n_gen + 256), n_batch=n_prompt, n_parallel=1,
+                    n_threads=threads)
     vocab = engine.tokenizer.n_vocab
     prompt = [(i * 7919) % (vocab - 1000) + 500 for i in range(n_prompt)]
     pp, tg, overhead = [], [], []
+    context = [prompt[-1 - i % n_prompt] for i in range(depth)]      # what --depth puts before
     for rep in range(reps + 1):          # the first round warms up
         engine.clear_cache()
-        engine.add(Request(f"p{rep}", prompt, GREEDY, max_tokens=1, ignore_eos=True))
+        if depth:
+            _run(engine, Request(f"c{rep}", context, GREEDY, max_tokens=1, ignore_eos=True))
+        engine.add(Request(f"p{rep}", context + prompt, GREEDY, max_tokens=1, ignore_eos=True))
         t0 = time.perf_counter()
-        engine.step()                     # the whole prompt in one step
+        engine.step()                     # the prompt in one step, after the cached context
         t_pp = time.perf_counter() - t0
+        _run(engine)
         engine.clear_cache()
-        engine.add(Request(f"g{rep}", prompt[:1], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
-        engine.step()                     # the 1-token prompt, plus the first token
+        if depth:
+            _run(engine, Request(f"c{rep}", context, GREEDY, max_tokens=1, ignore_eos=True))
+        engine.add(Request(f"g{rep}", context + prompt[:1], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
+        engine.step()                     # one token after the context, and the first new one
         steps, shares = 0, []
         t0 = time.perf_counter()
         while engine.has_work():
@@ -57,19 +65,27 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
             overhead.append(statistics.median(shares))
     engine.close()
     return {
-        "impl": "ggserve", "threads": threads,
+        "impl": "ggserve", "threads": threads, "depth": depth,
         "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
         "python_overhead_share": statistics.median(overhead),
     }
 
 
-def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+def _run(engine, request=None) -> None:
+    if request is not None:
+        engine.add(request)
+    while engine.has_work():
+        engine.step()
+
+
+def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> dict:
     out = subprocess.run([path, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-                          "-r", str(reps), "-o", "json"], check=True, capture_output=True, text=True).stdout
+                          "-d", str(depth), "-r", str(reps), "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)
     pp = next(r for r in rows if r.get("n_prompt") == n_prompt and r.get("n_gen") == 0)
     tg = next(r for r in rows if r.get("n_gen") == n_gen and r.get("n_prompt") == 0)
-    return {"impl": "llama.cpp", "threads": threads, "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"],
+    return {"impl": "llama.cpp", "threads": threads, "depth": depth, "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"],
             "build": pp.get("build_commit")}
 
 
@@ -80,6 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("-r", "--reps", type=int, default=3)
+    p.add_argument("-d", "--depth", type=int, default=0,
+                   help="tokens already in the context when generation starts (llama-bench -d)")
     p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench, run side by side")
     p.add_argument("--rounds", type=int, default=4,
                    help="with --llama-bench: rounds of both, order swapped each round (A B B A ...)")
@@ -91,9 +109,10 @@ def main(argv=None) -> int:
     # A B B A ...: slow drift on a shared machine hits both; medians over rounds
     rounds = max(1, args.rounds) if args.llama_bench else 1
     for r in range(rounds):
-        ours = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps))
+        ours = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps,
+                                                            args.depth))
         theirs = lambda: results.append(bench_llama(args.llama_bench, model, args.threads, args.n_prompt,
-                                                    args.n_gen, args.reps))
+                                                    args.n_gen, args.reps, args.depth))
         for run in ((ours, theirs) if r % 2 == 0 else (theirs, ours))[: 2 if args.llama_bench else 1]:
             run()
 
