@@ -51,6 +51,7 @@ class ServerConfig:
     chat_template_file: str | None = None
     mmproj: str | None = None
     image_cache_mb: int = 256
+    max_stall_ms: float = 500.0
     media: MediaConfig = field(default_factory=MediaConfig)
 
 
@@ -68,7 +69,8 @@ def load_engine(cfg: ServerConfig):
     engine = Engine(cfg.model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
                     n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
                     n_gpu_layers=cfg.n_gpu_layers, chat_template=template,
-                    mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb)
+                    mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
+                    max_stall_ms=cfg.max_stall_ms)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:

@@ -83,6 +83,10 @@ def serve_parser() -> argparse.ArgumentParser:
           metavar="N", dest="parallel", help="number of parallel sequences (slots)")
     _flag(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=512,
           metavar="N", dest="batch_size", help="tokens per engine step (all sequences)")
+    _flag(p, "--max-stall-ms", env="GGSERVE_MAX_STALL_MS", type=float, default=500.0, metavar="MS",
+          help="while streams are decoding, size each step to take about this long, so a "
+               "long prompt arriving mid-stream pauses them briefly and often instead of "
+               "for one whole -b step (0: off, steps of up to -b tokens as llama-server)")
     # One core is left to the HTTP event loop: ggml's worker threads spin at their
     # barriers, and when they share every core with Python the steps crawl (measured
     # on 2 cores: the server test suite takes 25 s with -t 1 and 650 s with -t 2).
@@ -137,7 +141,7 @@ def config_from_args(args):
         metrics=bool(args.metrics),
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
         max_queue=args.max_queue, chat_template_file=args.chat_template_file,
-        mmproj=args.mmproj, image_cache_mb=args.image_cache_mb,
+        mmproj=args.mmproj, image_cache_mb=args.image_cache_mb, max_stall_ms=args.max_stall_ms,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,

@@ -35,6 +35,9 @@ __all__ = ["Engine", "Request", "TokenEvent", "EngineError", "ContextLengthExcee
 log = logging.getLogger("ggserve.engine")
 
 
+ROW_COST_MIN_ROWS = 64     # steps this big or bigger measure the compute cost of a row
+
+
 class EngineError(RuntimeError):
     pass
 
@@ -56,7 +59,7 @@ class Engine:
                  n_parallel: int = 4, n_threads: int = 0, n_gpu_layers: int = 0,
                  cache_type_k: str = "f16", cache_type_v: str = "f16",
                  chat_template: str | None = None, mmproj: str | None = None,
-                 image_cache_mb: int = 256):
+                 image_cache_mb: int = 256, max_stall_ms: float = 0.0):
         t0 = time.perf_counter()
         self.model_path = os.fspath(model_path)
         self.gguf = GGUFFile(self.model_path)
@@ -114,6 +117,10 @@ class Engine:
                                  f"the text model has {self.model.n_embd}")
         self.images = ImageStore(image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch)
+        # while streams decode, steps are sized to take about this long (0: no cap),
+        # from the measured compute time per batch row
+        self.max_stall = max(0.0, max_stall_ms) / 1000
+        self._row_seconds = 0.0
         self._slot_seq: dict[int, Sequence] = {}                         # busy slot -> its sequence
         self._slot_cache: list[list[int]] = [[] for _ in range(n_parallel)]  # what an idle slot's KV holds
         self._slot_used_at = [0.0] * n_parallel
@@ -368,7 +375,10 @@ class Engine:
             self._assign_slot(seq)
             if seq.request.max_tokens == 0:
                 events.append(self._finish(seq, None, "length"))
-        chunks = self._encode_images(self.scheduler.schedule())
+        max_rows = None
+        if self.max_stall:      # before the first measurement: the smallest prompt chunk
+            max_rows = int(self.max_stall / self._row_seconds) if self._row_seconds else 0
+        chunks = self._encode_images(self.scheduler.schedule(max_rows))
         if not chunks:
             return events
 
@@ -395,6 +405,9 @@ class Engine:
 
         logits = self._forward(tokens, positions, seq_ids, cells, np.asarray(out_rows, dtype=np.int32),
                                images, spans, ubatches)
+        if n >= ROW_COST_MIN_ROWS:   # small steps cost more per row: they would shrink the cap
+            per_row = self.last_compute_seconds / n
+            self._row_seconds = per_row if not self._row_seconds else 0.8 * self._row_seconds + 0.2 * per_row
         if out_chunks:
             results = sample_batch(logits, [c.seq.sampler for c in out_chunks])
             for c, r in zip(out_chunks, results):
