@@ -51,7 +51,7 @@ class ServerConfig:
     chat_template_file: str | None = None
     mmproj: str | None = None
     image_cache_mb: int = 256
-    max_stall_ms: float = 500.0
+    max_stall_ms: float = 0.0
     media: MediaConfig = field(default_factory=MediaConfig)
 
 

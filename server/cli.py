@@ -83,10 +83,11 @@ def serve_parser() -> argparse.ArgumentParser:
           metavar="N", dest="parallel", help="number of parallel sequences (slots)")
     _flag(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=512,
           metavar="N", dest="batch_size", help="tokens per engine step (all sequences)")
-    _flag(p, "--max-stall-ms", env="GGSERVE_MAX_STALL_MS", type=float, default=500.0, metavar="MS",
+    _flag(p, "--max-stall-ms", env="GGSERVE_MAX_STALL_MS", type=float, default=0.0, metavar="MS",
           help="while streams are decoding, size each step to take about this long, so a "
                "long prompt arriving mid-stream pauses them briefly and often instead of "
-               "for one whole -b step (0: off, steps of up to -b tokens as llama-server)")
+               "once for a whole -b step (e.g. 500 for chat UIs on a CPU; 0: off, steps "
+               "of up to -b tokens as in llama-server)")
     # One core is left to the HTTP event loop: ggml's worker threads spin at their
     # barriers, and when they share every core with Python the steps crawl (measured
     # on 2 cores: the server test suite takes 25 s with -t 1 and 650 s with -t 2).
