@@ -35,6 +35,7 @@ __all__ = ["Engine", "Request", "TokenEvent", "EngineError", "ContextLengthExcee
 log = logging.getLogger("ggserve.engine")
 
 
+SHARE_MIN_TOKENS = 32      # a prefix worth waiting for / copying from another sequence
 ROW_COST_MIN_ROWS = 64     # steps this big or bigger measure the compute cost of a row
 
 
@@ -357,6 +358,39 @@ class Engine:
         seq.n_cached = reuse
         self._slot_seq[slot] = seq
 
+    def _share_prefixes(self) -> set[str]:
+        """Prompts that share a prefix with another running sequence which is ahead
+        take its K/V instead of computing it again: what it has computed is copied
+        now; while it still computes more of the shared part, they wait (returned:
+        their ids). Many requests arriving together with one long, uncached system
+        prompt then compute it once instead of once each."""
+        running = [s for s in self.scheduler.running if s.slot >= 0]
+        rank = {id(s): (-s.n_computed, i) for i, s in enumerate(running)}   # lower: further ahead
+        held = set()
+        for b in running:
+            if not b.prefilling:
+                continue
+            best, leader = 0, None
+            for a in running:
+                if a is not b and rank[id(a)] < rank[id(b)]:
+                    shared = min(_common_prefix(a.tokens, b.tokens[:b.n_prompt]), b.n_prompt - 1)
+                    if shared > best:
+                        best, leader = shared, a
+            if leader is None or best - b.n_computed < SHARE_MIN_TOKENS:
+                continue
+            ready = min(best, leader.n_computed)
+            span = b.span_at(ready)
+            if span is not None and span.bidirectional:
+                ready = span.start     # an image is taken whole or not at all
+            if ready - b.n_computed >= SHARE_MIN_TOKENS:
+                self.kv.seq_rm(b.slot)
+                if not self.kv.seq_copy(self.backend, leader.slot, b.slot, ready):
+                    self.kv.seq_cp(leader.slot, b.slot, 0, ready)
+                b.n_computed = b.n_cached = ready
+            if leader.n_computed < best:
+                held.add(b.id)
+        return held
+
     def _release(self, seq: Sequence, keep: bool) -> None:
         slot = seq.slot
         if not keep:
@@ -378,7 +412,7 @@ class Engine:
         max_rows = None
         if self.max_stall:      # before the first measurement: the smallest prompt chunk
             max_rows = int(self.max_stall / self._row_seconds) if self._row_seconds else 0
-        chunks = self._encode_images(self.scheduler.schedule(max_rows))
+        chunks = self._encode_images(self.scheduler.schedule(max_rows, self._share_prefixes()))
         if not chunks:
             return events
 

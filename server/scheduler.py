@@ -59,9 +59,10 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
-    def schedule(self, max_rows: int | None = None) -> list[Chunk]:
+    def schedule(self, max_rows: int | None = None, hold: set = frozenset()) -> list[Chunk]:
         """This step's chunks. max_rows: the most rows a step with decodes in it
-        should have (prompt chunks get at least MIN_PROMPT_ROWS of them)."""
+        should have (prompt chunks get at least MIN_PROMPT_ROWS of them); hold: ids
+        of prompts that wait this step (another sequence is computing their prefix)."""
         budget = self.n_batch
         chunks = []
         for s in self.running:
@@ -72,7 +73,7 @@ class Scheduler:
         if chunks and max_rows is not None:
             budget = min(budget, max(MIN_PROMPT_ROWS, max_rows - len(chunks)))
         for s in self.running:
-            if s.prefilling and budget > 0:
+            if s.prefilling and budget > 0 and s.id not in hold:
                 n = s.fit_chunk(s.n_computed, min(s.n_pending, budget))
                 over_cap = False
                 if n == 0 and budget < full:

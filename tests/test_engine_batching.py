@@ -105,6 +105,21 @@ def test_a_prefix_held_by_a_running_sequence_is_copied_and_gives_the_same_tokens
     assert tokens(got) == fresh
 
 
+def test_prompts_arriving_together_with_one_prefix_compute_it_once(smollm2_path):
+    prefix = CASES[8]["prompt_ids"][:600]
+    questions = {"q1": FOUR["capital"], "q2": FOUR["story"]}
+    alone = {}
+    for key, q in questions.items():
+        e = _engine(smollm2_path, n_ctx=4096, n_parallel=2)
+        alone[key] = tokens(generate(e, {key: prefix + q}, 16)[key])
+        e.close()
+    e = _engine(smollm2_path, n_ctx=4096, n_parallel=2)
+    together = generate(e, {k: prefix + q for k, q in questions.items()}, 16)
+    e.close()
+    assert together["q2"][0].n_cached >= 590        # q1 computed the prefix, q2 copied it
+    assert {k: tokens(v) for k, v in together.items()} == alone
+
+
 def test_decode_steps_reuse_the_graph_of_the_first_decode_step(smollm2_path):
     e = _engine(smollm2_path)
     generate(e, {"c": FOUR["capital"]}, 32)      # 1 prompt step, 31 decode steps within 256 cells
