@@ -133,6 +133,15 @@ cdef class Tensor:
         with nogil:
             ggml_backend_tensor_set(self.ptr, src, offset, n)
 
+    def copy_from(self, Tensor src):
+        """Copy src's data into this tensor (same type and shape, both allocated), on
+        whichever devices they live: GPU to GPU stays on the device."""
+        if src.ptr.type != self.ptr.type or ggml_nbytes(src.ptr) != ggml_nbytes(self.ptr) \
+                or not ggml_is_contiguous(src.ptr) or not ggml_is_contiguous(self.ptr):
+            raise GGMLError(f"cannot copy {src!r} into {self!r}")
+        with nogil:
+            ggml_backend_tensor_copy(src.ptr, self.ptr)
+
     def read(self, dtype=None):
         """The tensor's contents as a numpy array shaped [ne3, ne2, ne1, ne0] (dropping 1s)."""
         if dtype is None:

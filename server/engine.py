@@ -472,7 +472,7 @@ class Engine:
                 if budget == 0:
                     end = span.start if span.start > c.start else c.start
                     break
-                self.images.put(span.key, self.vision.encode(span.tile))
+                self._encode(span)
                 budget -= 1
             if end > c.start:
                 c.n = end - c.start
@@ -480,9 +480,16 @@ class Engine:
                 kept.append(c)
         return kept
 
+    def _encode(self, span):
+        """Encode a span's tile into the store, kept on the device of the first text
+        layer (the GPU when the model is offloaded: no round trip through the host)."""
+        emb = self.vision.encode_on(span.tile, self._device_of_layer(0))
+        self.images.put(span.key, emb)
+        return emb
+
     def _image_rows(self, chunks, n):
-        """Embedding rows of the batch's image positions, and per-row span ids
-        (non-zero for rows of bidirectional spans) for the KV mask."""
+        """The batch's image rows as (batch row, embedding buffer, first, end) blocks,
+        and per-row span ids (non-zero for rows of bidirectional spans) for the KV mask."""
         rows, span_ids, row = [], np.zeros(n, dtype=np.int64), 0
         for c in chunks:
             for span in c.seq.images:
@@ -491,9 +498,9 @@ class Engine:
                     continue
                 emb = self.images.get(span.key)
                 if emb is None:            # evicted since it was checked: encode again
-                    emb = self.vision.encode(span.tile)
-                    self.images.put(span.key, emb)
-                rows.append((row + lo - c.start, emb[lo - span.start:hi - span.start]))
+                    emb = self._encode(span)
+                # the block holds its buffer: evicted later in this step, it stays alive
+                rows.append((row + lo - c.start, emb, lo - span.start, hi - span.start))
                 if span.bidirectional:
                     span_ids[row + lo - c.start: row + hi - c.start] = self._span_key(c.seq, span)
             row += c.n
@@ -521,8 +528,8 @@ class Engine:
             values["tokens"] = tokens[is_token].astype(np.int32)
         if not all_out:
             values["out_ids"] = out_rows if n_out else np.zeros(1, np.int32)
-        if images:
-            values.update(self._image_values(images, is_token))
+        if images and n_tok:
+            values["row_order"] = self._row_order(is_token)
         # the graph is a function of these; the values above are its inputs
         key = (n, n_tok, all_out or n_out, tuple(calls), tuple(p.key for p in plans))
         built = self._graph
@@ -530,7 +537,7 @@ class Engine:
             if built is not None:
                 built.graph.close()
             built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), calls, plans,
-                                              n - n_tok if images else 0)
+                                              images)
             self.graph_builds += 1
         try:
             t = time.perf_counter()
@@ -543,20 +550,25 @@ class Engine:
                 self._graph = None
         return out.reshape(-1, self.model.n_vocab)[:n_out]
 
-    def _image_values(self, images, is_token) -> dict[str, np.ndarray]:
-        """The image embedding rows of the batch, and (with token rows too) where each
-        batch row comes from in concat(token rows, image rows)."""
+    @staticmethod
+    def _row_order(is_token) -> np.ndarray:
+        """Where each batch row comes from in concat(token rows, image rows)."""
         image_row_index = np.cumsum(~is_token) - 1
-        emb = np.empty((int((~is_token).sum()), self.model.n_embd), dtype=np.float32)
-        for at, block in images:
-            emb[image_row_index[at]: image_row_index[at] + len(block)] = block
-        values = {"image_embd": emb}
-        if is_token.any():
-            order = np.where(is_token, np.cumsum(is_token) - 1, int(is_token.sum()) + image_row_index)
-            values["row_order"] = order.astype(np.int32)
-        return values
+        order = np.where(is_token, np.cumsum(is_token) - 1, int(is_token.sum()) + image_row_index)
+        return order.astype(np.int32)
 
-    def _build(self, key, n, n_tok, n_out, calls, plans, n_img) -> "BuiltGraph":
+    @staticmethod
+    def _image_embeddings(g, images):
+        """The batch's image rows in batch order: views of the stored embeddings,
+        joined in the graph on the device that holds them."""
+        rows = None
+        for _, emb, lo, hi in sorted(images, key=lambda block: block[0]):
+            t = emb["embd"]
+            view = g.view(t, (t.ne[0], hi - lo), (t.nb[1],), lo * t.nb[1])
+            rows = view if rows is None else g.concat(rows, view, 1)
+        return rows
+
+    def _build(self, key, n, n_tok, n_out, calls, plans, images) -> "BuiltGraph":
         """The forward graph for a batch of this shape (n_out None: logits for every row)."""
         g = self.backend.graph()
         try:
@@ -570,8 +582,8 @@ class Engine:
                 inp.plans = {p.kind: p for p in plans}
                 for p in plans:
                     p.declare(g)
-            if n_img:
-                inp.images = g.input("image_embd", ggml.F32, (self.model.n_embd, n_img))
+            if images:
+                inp.images = self._image_embeddings(g, images)
                 if n_tok:
                     inp.order = g.input("row_order", ggml.I32, (n,))
             logits = g.output(self.model.forward(g, inp))
@@ -616,7 +628,8 @@ class BuiltGraph:
 class ImageStore:
     """Image embeddings by content key (sha256 of the image + tile), least recently
     used first out when over the byte budget. An image is encoded once; later
-    chunks and later requests take its rows from here."""
+    chunks and later requests take its rows from here. Each is a ggml Buffer on the
+    device of the first text layer; an evicted one is freed once no step uses it."""
 
     def __init__(self, max_bytes: int):
         import collections
@@ -634,10 +647,10 @@ class ImageStore:
             return True
         return False
 
-    def get(self, key) -> np.ndarray | None:
+    def get(self, key) -> ggml.Buffer | None:
         return self._items.get(key)
 
-    def put(self, key, emb: np.ndarray) -> None:
+    def put(self, key, emb: ggml.Buffer) -> None:
         self.encoded += 1
         self._items[key] = emb
         self.nbytes += emb.nbytes

@@ -215,3 +215,15 @@ def test_text_streams_keep_decoding_while_an_image_encodes(engines):
                 got[ev.request_id].append(ev.token)
     eng.close()
     assert got == solo
+
+
+def test_image_embeddings_are_kept_on_the_first_text_layers_device(engines):
+    # on the GPU when the model is offloaded (tests/test_gpu.py); here on the CPU
+    e = engines["mlp_f16"]
+    e.clear_cache()
+    case = _golden("mlp_f16", "grad_64x64.png")
+    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("grad_64x64.png")])
+    _run(e, prompt, spans, 1)
+    emb = e.images.get(spans[0].key)
+    assert emb.device is e.backend.cpu
+    assert emb["embd"].ne[:2] == (e.model.n_embd, 576)

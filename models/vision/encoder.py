@@ -279,6 +279,20 @@ class VisionModel:
 
     def encode(self, tile: np.ndarray) -> np.ndarray:
         """One float32 [3, H, W] tile -> float32 [n_tokens, n_embd_out] embeddings."""
+        return self._run(tile, lambda out: out.read().reshape(-1, self.n_embd_out))
+
+    def encode_on(self, tile: np.ndarray, device) -> ggml.Buffer:
+        """Encode one tile into a buffer on `device` holding tensor "embd" (f32
+        [n_embd_out, n_tokens]), copied from the compute buffer device to device:
+        embeddings kept where the text model runs never pass through host memory."""
+        def keep(out):
+            n_tokens = out.nbytes // 4 // self.n_embd_out
+            buf = self.backend.alloc(device, [("embd", ggml.F32, (self.n_embd_out, n_tokens))])
+            buf["embd"].copy_from(out)
+            return buf
+        return self._run(tile, keep)
+
+    def _run(self, tile, take):
         tile = np.ascontiguousarray(tile, dtype=np.float32)
         if tile.ndim != 3 or tile.shape[0] != 3:
             raise ValueError(f"a tile is float32 [3, H, W], got shape {tile.shape}")
@@ -286,7 +300,7 @@ class VisionModel:
         try:
             inp, out = self.build(g, tile.shape[2], tile.shape[1])
             self.backend.compute(g, {inp: tile})
-            return out.read().reshape(-1, self.n_embd_out)
+            return take(out)
         finally:
             g.close()
 
