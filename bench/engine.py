@@ -1,6 +1,6 @@
 """Engine microbenchmark: prompt processing and generation speed, Python overhead.
 
-    python bench/engine.py [-m MODEL] [-t THREADS] [--llama-bench PATH] [--out FILE]
+    python bench/engine.py [-m MODEL] [-t THREADS] [-ngl N] [--llama-bench PATH] [--out FILE]
 
 Prompt processing: one 512-token prompt in one step (tokens/s).
 Generation: 128 tokens decoded one per step from an empty context, as llama-bench's
@@ -10,6 +10,7 @@ Python overhead per decode step: step wall time minus the time ggml spent in
 compute (graph build, mask building, sampling, bookkeeping), as a share of the step.
 With --llama-bench, llama.cpp's llama-bench runs on the same model and threads in
 the same run (pp512 / tg128) and the ratios ggserve / llama.cpp are printed.
+-ngl N offloads N layers to the GPU in both (default 0: CPU only).
 """
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ from ggserve.server.sampling import SamplingParams  # noqa: E402
 GREEDY = SamplingParams(temperature=0.0, top_k=1)
 
 
-def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> dict:
+def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
+                  ngl: int = 0) -> dict:
     engine = Engine(model, n_ctx=max(2048, depth + n_gen + 256), n_batch=n_prompt, n_parallel=1,
-                    n_threads=threads)
+                    n_threads=threads, n_gpu_layers=ngl)
     vocab = engine.tokenizer.n_vocab
     prompt = [(i * 7919) % (vocab - 1000) + 500 for i in range(n_prompt)]
     pp, tg, overhead = [], [], []
@@ -65,7 +67,7 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
             overhead.append(statistics.median(shares))
     engine.close()
     return {
-        "impl": "ggserve", "threads": threads, "depth": depth,
+        "impl": "ggserve", "threads": threads, "depth": depth, "ngl": ngl,
         "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
         "python_overhead_share": statistics.median(overhead),
     }
@@ -78,14 +80,15 @@ def _run(engine, request=None) -> None:
         engine.step()
 
 
-def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0) -> dict:
+def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
+                ngl: int = 0) -> dict:
     out = subprocess.run([path, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-                          "-d", str(depth), "-r", str(reps), "-o", "json"],
+                          "-d", str(depth), "-r", str(reps), "-ngl", str(ngl), "-o", "json"],
                          check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)
     pp = next(r for r in rows if r.get("n_prompt") == n_prompt and r.get("n_gen") == 0)
     tg = next(r for r in rows if r.get("n_gen") == n_gen and r.get("n_prompt") == 0)
-    return {"impl": "llama.cpp", "threads": threads, "depth": depth, "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"],
+    return {"impl": "llama.cpp", "threads": threads, "depth": depth, "ngl": ngl, "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"],
             "build": pp.get("build_commit")}
 
 
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("-r", "--reps", type=int, default=3)
     p.add_argument("-d", "--depth", type=int, default=0,
                    help="tokens already in the context when generation starts (llama-bench -d)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers offloaded to the GPU, both engines")
     p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench, run side by side")
     p.add_argument("--rounds", type=int, default=4,
                    help="with --llama-bench: rounds of both, order swapped each round (A B B A ...)")
@@ -110,9 +114,9 @@ def main(argv=None) -> int:
     rounds = max(1, args.rounds) if args.llama_bench else 1
     for r in range(rounds):
         ours = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps,
-                                                            args.depth))
+                                                            args.depth, args.n_gpu_layers))
         theirs = lambda: results.append(bench_llama(args.llama_bench, model, args.threads, args.n_prompt,
-                                                    args.n_gen, args.reps, args.depth))
+                                                    args.n_gen, args.reps, args.depth, args.n_gpu_layers))
         for run in ((ours, theirs) if r % 2 == 0 else (theirs, ours))[: 2 if args.llama_bench else 1]:
             run()
 
@@ -120,7 +124,7 @@ def main(argv=None) -> int:
         vals = [r[key] for r in results if r["impl"] == impl]
         return statistics.median(vals) if vals else None
 
-    print(f"model {os.path.basename(model)}, {args.threads} threads")
+    print(f"model {os.path.basename(model)}, {args.threads} threads, {args.n_gpu_layers} layers on the GPU")
     print(f"{'':12}{'pp' + str(args.n_prompt) + ' tok/s':>16}{'tg' + str(args.n_gen) + ' tok/s':>16}")
     print(f"{'ggserve':12}{med('ggserve', 'pp_tps'):16.1f}{med('ggserve', 'tg_tps'):16.1f}")
     ratios = {}

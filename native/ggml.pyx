@@ -142,6 +142,15 @@ cdef class Tensor:
         with nogil:
             ggml_backend_tensor_copy(src.ptr, self.ptr)
 
+    def read_bytes(self) -> bytes:
+        """The tensor's raw bytes (any type, any device)."""
+        cdef size_t n = ggml_nbytes(self.ptr)
+        cdef bytearray out = bytearray(n)
+        cdef char * dst = out
+        with nogil:
+            ggml_backend_tensor_get(self.ptr, dst, 0, n)
+        return bytes(out)
+
     def read(self, dtype=None):
         """The tensor's contents as a numpy array shaped [ne3, ne2, ne1, ne0] (dropping 1s)."""
         if dtype is None:

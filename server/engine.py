@@ -90,6 +90,8 @@ class Engine:
         matmul_names = matmul_weight_names(self.gguf.tensors)
         self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers),
                                                  repack=matmul_names)
+        if self.backend.gpus and n_gpu_layers > n_layer:
+            self._duplicate_tied_output(self.backend.gpus[0])
         tensors = {}
         for buf in self.weights.values():
             tensors.update(buf.tensors)
@@ -168,6 +170,18 @@ class Engine:
             elif name.startswith("output") and n_gpu_layers > n_layer:
                 place[name] = gpus[0]
         return place
+
+    def _duplicate_tied_output(self, device):
+        """A model whose output matrix is its token embeddings (tied) gets a copy of
+        them on `device` as "output.weight", as llama.cpp duplicates them: the
+        embeddings stay on the CPU for their row lookups while the vocabulary-sized
+        output product runs where the layers run."""
+        if "output.weight" in self.gguf.tensors or "token_embd.weight" not in self.gguf.tensors:
+            return
+        embd = next(b.tensors["token_embd.weight"] for b in self.weights.values() if "token_embd.weight" in b)
+        buf = self.backend.alloc(device, [("output.weight", embd.type, embd.ne)])
+        buf["output.weight"].copy_from(embd)
+        self.weights[f"{device.name} (tied output)"] = buf
 
     def _reserve(self):
         """Size compute buffers for the worst case: a full batch attending over the whole cache."""
