@@ -62,7 +62,7 @@ def serve_parser() -> argparse.ArgumentParser:
     _flag(p, "--mmproj", env="LLAMA_ARG_MMPROJ", metavar="FILE",
           help="multimodal projector (llama.cpp mmproj GGUF: gemma3, idefics3, mlp) for image input")
     _flag(p, "--image-cache-mb", env="GGSERVE_IMAGE_CACHE_MB", type=int, default=256, metavar="N",
-          help="memory for cached image embeddings (the same image skips the encoder)")
+          help="memory for cached image embeddings, kept on the device of the first text layer (the same image skips the encoder)")
     _flag(p, "--image-max-bytes", env="GGSERVE_IMAGE_MAX_BYTES", type=int, default=20 * 2**20,
           metavar="N", help="largest encoded image accepted (data: URL or download)")
     _flag(p, "--image-max-pixels", env="GGSERVE_IMAGE_MAX_PIXELS", type=int, default=50_000_000,
