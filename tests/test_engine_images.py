@@ -123,14 +123,7 @@ def test_greedy_answer_equals_llama_cpp(engines, name, image):
         assert top[0] - top[1] < 0.02, f"diverged at step {i}: ours {ours[i]}, llama.cpp {gold[i]}"
 
 
-# mlp + tall_200x600: same tokens, but top-5 logprobs off by 0.24 (the other 26
-# cases agree to 0.0013); the 113x336 bicubic resize is the suspect, not confirmed.
-LOGPROB_CASES = [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(
-                     strict=True, reason="mlp tall image: embeddings differ from llama.cpp's")])
-                 if p.id == "mlp_f16-tall_200x600.png" else p for p in GREEDY_CASES]
-
-
-@pytest.mark.parametrize("name,image", LOGPROB_CASES)
+@pytest.mark.parametrize("name,image", GREEDY_CASES)
 def test_top_logprobs_within_tolerance(engines, name, image):
     case, events = _answer(engines, name, image)
     worst = max_logprob_deviation(events, case["steps"])

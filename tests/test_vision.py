@@ -23,7 +23,7 @@ from PIL import Image
 from ggserve.models.registry import ModelError
 from ggserve.models.vision import VisionModel, to_rgb
 from ggserve.models.vision import encoder as vision_encoder
-from ggserve.models.vision.preprocess import fit_size
+from ggserve.models.vision.preprocess import BICUBIC, LLAVA_PAD_COLOR, fit_size, resize_pad
 from ggserve.native import ggml
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "vision")
@@ -152,6 +152,17 @@ def test_pad_ceil_geometry_and_colours(models):
     mean, std = np.float32(m.config.image_mean), np.float32(m.config.image_std)
     pad = (np.float32([122, 116, 104]) / np.float32(255) - mean) / std
     assert np.all(t[:, :56, :] == pad[:, None, None]) and np.all(t[:, 56 + 224:, :] == pad[:, None, None])
+
+
+def test_tall_image_shrinks_horizontal_pass_first():
+    # llama.cpp's resize_pillow runs the horizontal pass first; Pillow 13's own
+    # two-axis resize runs the vertical one first when a tall image shrinks (200x600
+    # -> 112x336: 1147 bytes off, by up to 14). The sha256 is of the 336x336 bytes
+    # llama.cpp's img_tool::resize (bicubic, PAD_CEIL, LLaVA pad colour) produced.
+    rgb = to_rgb(_image("tall_200x600.png"))
+    sq = resize_pad(rgb, 336, BICUBIC, LLAVA_PAD_COLOR)
+    assert hashlib.sha256(sq.tobytes()).hexdigest() == \
+        "3fc1d11c6ae4d38364ab25e47f5820a21b3199e59e3caaa480943bacabb2f4ca"
 
 
 def test_normalisation_is_llama_cpp_float32(models):

@@ -1,10 +1,11 @@
 """Image preprocessing as llama.cpp's mtmd does it, per projector type.
 
 ref: llama.cpp tools/mtmd/mtmd-image.cpp. llama.cpp resizes with a port of Pillow's
-ImagingResample (`resize_pillow`: separable filter, 22-bit fixed point); we call
-Pillow itself, which is what that port reproduces. Decoding follows stb_image as
-mtmd-helper uses it (3 channels: alpha dropped without compositing, gray
-replicated, 16-bit reduced to the high byte, EXIF orientation ignored).
+ImagingResample (`resize_pillow`: separable filter, 22-bit fixed point, always the
+horizontal pass first); we call Pillow itself one axis at a time, which is what that
+port reproduces. Decoding follows stb_image as mtmd-helper uses it (3 channels:
+alpha dropped without compositing, gray replicated, 16-bit reduced to the high
+byte, EXIF orientation ignored).
 
   gemma3    aspect-preserving bilinear resize into the square, PAD_CEIL, black pad
   mlp       the same with bicubic and pad colour (122, 116, 104)
@@ -43,11 +44,21 @@ def to_rgb(image: Image.Image) -> np.ndarray:
 
 
 def resize_pillow(rgb: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
-    """Resize uint8 [H, W, 3] to [height, width, 3] with Pillow's resampling filter."""
-    if rgb.shape[1] == width and rgb.shape[0] == height:
-        return rgb
-    out = Image.fromarray(rgb, "RGB").resize((width, height), _PIL_FILTER[algo])
-    return np.asarray(out, dtype=np.uint8)
+    """Resize uint8 [H, W, 3] to [height, width, 3] with Pillow's resampling filter.
+
+    Horizontal pass first, then vertical, each rounded and clipped to uint8, as
+    llama.cpp's resize_pillow always does. Pillow's own two-axis resize may run the
+    vertical pass first (Pillow 13 does for a tall image shrinking, e.g. 200x600 ->
+    112x336), which changes the pixels by up to 14 levels; so each axis gets its own
+    call (one-axis resizes are the same filter in both).
+    """
+    h, w = rgb.shape[:2]
+    img = Image.fromarray(rgb, "RGB")
+    if w != width:
+        img = img.resize((width, h), _PIL_FILTER[algo])
+    if h != height:
+        img = img.resize((width, height), _PIL_FILTER[algo])
+    return np.asarray(img, dtype=np.uint8) if (w, h) != (width, height) else rgb
 
 
 def fit_size(width: int, height: int, target_w: int, target_h: int) -> tuple[int, int]:
