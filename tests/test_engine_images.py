@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pathlib
+import time
 
 import pytest
 from PIL import Image
@@ -202,12 +203,24 @@ def test_text_streams_keep_decoding_while_an_image_encodes(engines):
         eng.add(Request(rid, ids, GREEDY, max_tokens=12, ignore_eos=True))
     eng.add(Request("img", prompt, GREEDY, max_tokens=4, ignore_eos=True, images=spans))
     got = {rid: [] for rid in texts}
+    stalled, longest, last = 0, 0.0, None
     while eng.has_work():
-        for ev in eng.step():
+        running = [rid for rid in texts if len(got[rid]) < 12]
+        t0 = time.perf_counter()
+        events = eng.step()
+        done = time.perf_counter()
+        for ev in events:
             if ev.request_id in got:
                 got[ev.request_id].append(ev.token)
+        if running and got[running[0]] and not any(ev.request_id in running for ev in events):
+            stalled += 1           # a step that gave a running text stream no token
+        if any(ev.request_id in texts for ev in events):
+            longest = max(longest, done - (last or t0))
+            last = done
     eng.close()
+    print(f"longest gap between text tokens while the image encoded: {longest * 1000:.0f} ms")
     assert got == solo
+    assert stalled == 0
 
 
 def test_image_embeddings_are_kept_on_the_first_text_layers_device(engines):
