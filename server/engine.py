@@ -25,6 +25,7 @@ from ggserve.models.tokenizer import Tokenizer
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.image_encoder import ImageEncoder
 from ggserve.server.kv_cache import MAX_SEQS, KVCache
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler
@@ -111,13 +112,18 @@ class Engine:
                           ggml.type_by_name(cache_type_k), ggml.type_by_name(cache_type_v),
                           n_regions=n_parallel)
         self.vision = None
+        self._encoder: ImageEncoder | None = None
+        self.n_threads = self.backend.n_threads
         if mmproj is not None:
             from ggserve.models.vision import VisionModel
 
-            self.vision = VisionModel.from_gguf(mmproj, self.backend)
+            # a backend of its own: tiles encode on a worker thread beside text steps,
+            # kept on the device of the first text layer (no round trip through the host)
+            self.vision = VisionModel.from_gguf(mmproj, ggml.Backend(n_threads=self.n_threads))
             if self.vision.n_embd_out != self.model.n_embd:
                 raise ModelError(f"{mmproj}: projects to {self.vision.n_embd_out} dims, "
                                  f"the text model has {self.model.n_embd}")
+            self._encoder = ImageEncoder(self.vision, self._device_of_layer(0), self.n_threads)
         self.images = ImageStore(image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch)
         # while streams decode, steps are sized to take about this long (0: no cap),
@@ -199,7 +205,7 @@ class Engine:
         if self.vision is not None:
             g = self.vision.max_graph()
             try:
-                self.backend.reserve(g)
+                self.vision.backend.reserve(g)
             finally:
                 g.close()
 
@@ -209,6 +215,8 @@ class Engine:
         for dev in self.backend.devices:
             w = sum(b.nbytes for b in self.weights.values() if b.device is dev)
             c = self.backend.compute_bytes.get(dev.name, 0)
+            if self.vision is not None:
+                c += self.vision.backend.compute_bytes.get(dev.name, 0)
             k = kv.get(dev.name, 0)
             if self.vision is not None and dev is self.backend.devices[0]:
                 w += self.vision.nbytes
@@ -223,8 +231,11 @@ class Engine:
         if self._graph is not None:
             self._graph.graph.close()
             self._graph = None
+        if self._encoder is not None:
+            self._encoder.close()
         if self.vision is not None:
             self.vision.close()
+            self.vision.backend.close()
         self.kv.close()
         for b in self.weights.values():
             b.close()
@@ -446,6 +457,7 @@ class Engine:
         n = len(tokens)
 
         images, spans = self._image_rows(chunks, n)
+        self._share_cores()
         cells = self.kv.find_cells_for([c.seq.slot for c in chunks], [c.n for c in chunks])
         self.kv.commit(cells, seq_ids, positions, spans)
         for c in chunks:
@@ -464,11 +476,46 @@ class Engine:
         return events
 
     def _encode_images(self, chunks):
-        """Make sure every image row the chunks need has its embedding. At most one
-        tile is encoded per step, so decodes keep flowing while images encode: a chunk
-        that reaches a second unencoded tile stops just before it."""
-        budget = 1
-        kept = []
+        """Make sure every image row the chunks need has its embedding. Tiles encode
+        on the vision worker (server/image_encoder.py) while text steps go on: a
+        chunk that reaches a tile not encoded yet stops just before it, and the first
+        such tile starts encoding. When no row of the step can run without a tile,
+        the step waits for it."""
+        if self._encoder is None:
+            return chunks
+        asked = [(c, c.n, c.wants_logits) for c in chunks]
+        while True:
+            for c, n, wants_logits in asked:
+                c.n, c.wants_logits = n, wants_logits
+            done = self._encoder.collect()
+            if done is not None:            # kept even if its request is gone
+                self.images.put(*done)
+                continue
+            kept, missing = self._cut_at_missing_tiles(chunks)
+            if missing is None:
+                return kept
+            if not self._encoder.busy():
+                done = self._encoder.collect()      # finished since the check above
+                if done is not None:
+                    self.images.put(*done)
+                    continue
+                self._encoder.start(missing.key, missing.tile, beside_text=bool(kept))
+            if kept:
+                return kept
+            self.images.put(*self._encoder.collect(wait=True))
+
+    def _share_cores(self):
+        """CPU threads for this step: fewer while a tile encodes beside it."""
+        want = self.n_threads
+        if self._encoder is not None and self._encoder.busy():
+            want = max(1, self.n_threads - self._encoder.shared_threads)
+        if want != self.backend.n_threads:
+            self.backend.set_n_threads(want)
+
+    def _cut_at_missing_tiles(self, chunks):
+        """The chunks cut just before the first image tile they reach that has no
+        embedding yet, and the first such tile (None: all there)."""
+        kept, missing = [], None
         for c in chunks:
             end = c.start + c.n
             for span in c.seq.images:
@@ -483,21 +530,18 @@ class Engine:
                         self.images.misses += 1
                 if cached:
                     continue
-                if budget == 0:
-                    end = span.start if span.start > c.start else c.start
-                    break
-                self._encode(span)
-                budget -= 1
+                missing = missing or span
+                end = span.start if span.start > c.start else c.start
+                break
             if end > c.start:
                 c.n = end - c.start
                 c.wants_logits = end == len(c.seq.tokens)
                 kept.append(c)
-        return kept
+        return kept, missing
 
     def _encode(self, span):
-        """Encode a span's tile into the store, kept on the device of the first text
-        layer (the GPU when the model is offloaded: no round trip through the host)."""
-        emb = self.vision.encode_on(span.tile, self._device_of_layer(0))
+        """Encode a span's tile now (it was evicted since it was checked)."""
+        emb = self._encoder.encode_now(span.tile)
         self.images.put(span.key, emb)
         return emb
 
@@ -542,8 +586,11 @@ class Engine:
             values["tokens"] = tokens[is_token].astype(np.int32)
         if not all_out:
             values["out_ids"] = out_rows if n_out else np.zeros(1, np.int32)
-        if images and n_tok:
-            values["row_order"] = self._row_order(is_token)
+        if images:
+            for name, _, lo, hi in self._image_blocks(images):
+                values[name] = np.arange(lo, hi, dtype=np.int32)
+            if n_tok:
+                values["row_order"] = self._row_order(is_token)
         # the graph is a function of these; the values above are its inputs
         key = (n, n_tok, all_out or n_out, tuple(calls), tuple(p.key for p in plans))
         built = self._graph
@@ -572,14 +619,19 @@ class Engine:
         return order.astype(np.int32)
 
     @staticmethod
-    def _image_embeddings(g, images):
-        """The batch's image rows in batch order: views of the stored embeddings,
-        joined in the graph on the device that holds them."""
+    def _image_blocks(images):
+        """The batch's image blocks in batch order, with the names of their row inputs."""
+        return [(f"image_rows_{i}", emb, lo, hi)
+                for i, (_, emb, lo, hi) in enumerate(sorted(images, key=lambda block: block[0]))]
+
+    def _image_embeddings(self, g, images):
+        """The batch's image rows in batch order, looked up in the stored embeddings
+        (as weights are: a view of a tensor from another buffer trips ggml's
+        allocator) and joined in the graph on the device that holds them."""
         rows = None
-        for _, emb, lo, hi in sorted(images, key=lambda block: block[0]):
-            t = emb["embd"]
-            view = g.view(t, (t.ne[0], hi - lo), (t.nb[1],), lo * t.nb[1])
-            rows = view if rows is None else g.concat(rows, view, 1)
+        for name, emb, lo, hi in self._image_blocks(images):
+            block = g.get_rows(emb["embd"], g.input(name, ggml.I32, (hi - lo,)))
+            rows = block if rows is None else g.concat(rows, block, 1)
         return rows
 
     def _build(self, key, n, n_tok, n_out, calls, plans, images) -> "BuiltGraph":

@@ -233,3 +233,24 @@ def test_image_embeddings_are_kept_on_the_first_text_layers_device(engines):
     emb = e.images.get(spans[0].key)
     assert emb.device is e.backend.cpu
     assert emb["embd"].ne[:2] == (e.model.n_embd, 576)
+
+
+def test_a_tile_encodes_in_the_background_while_other_rows_run(engines):
+    # the step that reaches an unencoded tile computes the text before it and
+    # returns; the tile encodes on the vision worker and joins a later step
+    e = engines["mlp_f16"]
+    e.clear_cache()
+    case = _golden("mlp_f16", "rgba_160x120.png")
+    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("rgba_160x120.png")])
+    encoded = e.stats()["images_encoded"]
+    e.add(Request("img", prompt, GREEDY, max_tokens=len(case["generated_ids"]), ignore_eos=True,
+                  images=spans, turn_starts=e.turn_starts(prompt, spans)))
+    e.step()
+    seq = e.scheduler.running[0]
+    assert seq.n_computed == spans[0].start
+    assert e.stats()["images_encoded"] == encoded          # not collected yet
+    events = []
+    while e.has_work():
+        events += e.step()
+    assert e.stats()["images_encoded"] == encoded + 1
+    assert [ev.token for ev in events] == case["generated_ids"]
