@@ -238,8 +238,9 @@ def test_image_embeddings_are_kept_on_the_first_text_layers_device(engines):
 def test_a_tile_encodes_in_the_background_while_other_rows_run(engines):
     # the step that reaches an unencoded tile computes the text before it and
     # returns; the tile encodes on the vision worker and joins a later step
-    e = engines["mlp_f16"]
-    e.clear_cache()
+    loaded = engines["mlp_f16"]
+    e = Engine(loaded.model_path, n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
+               mmproj=loaded.vision.path)           # an empty image store
     case = _golden("mlp_f16", "rgba_160x120.png")
     prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("rgba_160x120.png")])
     encoded = e.stats()["images_encoded"]
@@ -252,5 +253,7 @@ def test_a_tile_encodes_in_the_background_while_other_rows_run(engines):
     events = []
     while e.has_work():
         events += e.step()
-    assert e.stats()["images_encoded"] == encoded + 1
+    n_encoded = e.stats()["images_encoded"]
+    e.close()
+    assert n_encoded == encoded + 1
     assert [ev.token for ev in events] == case["generated_ids"]
