@@ -480,7 +480,7 @@ class Engine:
         on the vision worker (server/image_encoder.py) while text steps go on: a
         chunk that reaches a tile not encoded yet stops just before it, and the first
         such tile starts encoding. When no row of the step can run without a tile,
-        the step waits for it."""
+        the step encodes it (or waits for the one in flight)."""
         if self._encoder is None:
             return chunks
         asked = [(c, c.n, c.wants_logits) for c in chunks]
@@ -494,15 +494,18 @@ class Engine:
             kept, missing = self._cut_at_missing_tiles(chunks)
             if missing is None:
                 return kept
-            if not self._encoder.busy():
-                done = self._encoder.collect()      # finished since the check above
-                if done is not None:
-                    self.images.put(*done)
-                    continue
-                self._encoder.start(missing.key, missing.tile, beside_text=bool(kept))
             if kept:
+                if not self._encoder.busy():
+                    done = self._encoder.collect()      # finished since the check above
+                    if done is not None:
+                        self.images.put(*done)
+                        continue
+                    self._encoder.start(missing.key, missing.tile)
                 return kept
-            self.images.put(*self._encoder.collect(wait=True))
+            done = self._encoder.collect(wait=True)     # a tile in flight: wait for it
+            if done is None:                            # none: encode this one here
+                done = (missing.key, self._encoder.encode_now(missing.tile))
+            self.images.put(*done)
 
     def _share_cores(self):
         """CPU threads for this step: fewer while a tile encodes beside it."""
