@@ -88,8 +88,8 @@ def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, 
     rows = json.loads(out)
     pp = next(r for r in rows if r.get("n_prompt") == n_prompt and r.get("n_gen") == 0)
     tg = next(r for r in rows if r.get("n_gen") == n_gen and r.get("n_prompt") == 0)
-    return {"impl": "llama.cpp", "threads": threads, "depth": depth, "ngl": ngl, "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"],
-            "build": pp.get("build_commit")}
+    return {"impl": "llama.cpp", "threads": threads, "depth": depth, "ngl": ngl,
+            "pp_tps": pp["avg_ts"], "tg_tps": tg["avg_ts"], "build": pp.get("build_commit")}
 
 
 def main(argv=None) -> int:

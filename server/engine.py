@@ -25,7 +25,7 @@ from ggserve.models.tokenizer import Tokenizer
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.image_encoder import ImageEncoder
+from ggserve.server.image_encoder import BACKGROUND_THREADS, ImageEncoder
 from ggserve.server.kv_cache import MAX_SEQS, KVCache
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler
@@ -495,11 +495,7 @@ class Engine:
             if missing is None:
                 return kept
             if kept:
-                if not self._encoder.busy():
-                    done = self._encoder.collect()      # finished since the check above
-                    if done is not None:
-                        self.images.put(*done)
-                        continue
+                if self._encoder.idle():    # else: one in flight, or done since the check above
                     self._encoder.start(missing.key, missing.tile)
                 return kept
             done = self._encoder.collect(wait=True)     # a tile in flight: wait for it
@@ -511,7 +507,7 @@ class Engine:
         """CPU threads for this step: fewer while a tile encodes beside it."""
         want = self.n_threads
         if self._encoder is not None and self._encoder.busy():
-            want = max(1, self.n_threads - self._encoder.shared_threads)
+            want = max(1, self.n_threads - BACKGROUND_THREADS)
         if want != self.backend.n_threads:
             self.backend.set_n_threads(want)
 
@@ -589,8 +585,9 @@ class Engine:
             values["tokens"] = tokens[is_token].astype(np.int32)
         if not all_out:
             values["out_ids"] = out_rows if n_out else np.zeros(1, np.int32)
-        if images:
-            for name, _, lo, hi in self._image_blocks(images):
+        blocks = self._image_blocks(images) if images else None
+        if blocks:
+            for name, _, lo, hi in blocks:
                 values[name] = np.arange(lo, hi, dtype=np.int32)
             if n_tok:
                 values["row_order"] = self._row_order(is_token)
@@ -601,7 +598,7 @@ class Engine:
             if built is not None:
                 built.graph.close()
             built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), calls, plans,
-                                              images)
+                                              blocks)
             self.graph_builds += 1
         try:
             t = time.perf_counter()
@@ -627,17 +624,19 @@ class Engine:
         return [(f"image_rows_{i}", emb, lo, hi)
                 for i, (_, emb, lo, hi) in enumerate(sorted(images, key=lambda block: block[0]))]
 
-    def _image_embeddings(self, g, images):
-        """The batch's image rows in batch order, looked up in the stored embeddings
-        (as weights are: a view of a tensor from another buffer trips ggml's
-        allocator) and joined in the graph on the device that holds them."""
+    @staticmethod
+    def _image_embeddings(g, blocks):
+        """The batch's image rows in batch order (blocks from _image_blocks), looked
+        up in the stored embeddings (as weights are: a view of a tensor from another
+        buffer trips ggml's allocator) and joined in the graph on the device that
+        holds them."""
         rows = None
-        for name, emb, lo, hi in self._image_blocks(images):
+        for name, emb, lo, hi in blocks:
             block = g.get_rows(emb["embd"], g.input(name, ggml.I32, (hi - lo,)))
             rows = block if rows is None else g.concat(rows, block, 1)
         return rows
 
-    def _build(self, key, n, n_tok, n_out, calls, plans, images) -> "BuiltGraph":
+    def _build(self, key, n, n_tok, n_out, calls, plans, image_blocks) -> "BuiltGraph":
         """The forward graph for a batch of this shape (n_out None: logits for every row)."""
         g = self.backend.graph()
         try:
@@ -651,8 +650,8 @@ class Engine:
                 inp.plans = {p.kind: p for p in plans}
                 for p in plans:
                     p.declare(g)
-            if images:
-                inp.images = self._image_embeddings(g, images)
+            if image_blocks:
+                inp.images = self._image_embeddings(g, image_blocks)
                 if n_tok:
                     inp.order = g.input("row_order", ggml.I32, (n,))
             logits = g.output(self.model.forward(g, inp))

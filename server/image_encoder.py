@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
+BACKGROUND_THREADS = 1     # CPU threads of a tile encoding beside text steps
+
 
 class ImageEncoder:
     def __init__(self, vision, device, n_threads: int):
@@ -25,18 +27,18 @@ class ImageEncoder:
         self._key = None
         self._future: concurrent.futures.Future | None = None
 
-    @property
-    def shared_threads(self) -> int:
-        """Threads the encoder takes while text steps run beside it."""
-        return 1
-
     def busy(self) -> bool:
+        """A tile is encoding now."""
         return self._future is not None and not self._future.done()
+
+    def idle(self) -> bool:
+        """Nothing in flight and nothing left to collect."""
+        return self._future is None
 
     def start(self, key, tile) -> None:
         """Encode one tile in the background (the previous one must be collected)."""
         assert self._future is None, "collect the finished tile first"
-        self.vision.backend.set_n_threads(self.shared_threads)
+        self.vision.backend.set_n_threads(BACKGROUND_THREADS)
         self._key = key
         self._future = self._pool.submit(self.vision.encode_on, tile, self.device)
 
