@@ -63,6 +63,7 @@ setup(
         "ggserve.models": "models",
         "ggserve.server": "server",
     },
-    package_data={"ggserve.native": ["*.pxd"]},
+    # the chat page (server/webui/) ships as plain files beside the code
+    package_data={"ggserve.native": ["*.pxd"], "ggserve.server": ["webui/*"]},
     ext_modules=_extensions(),
 )

@@ -1,7 +1,8 @@
 """The HTTP API: a Starlette app serving OpenAI's endpoints on top of Service.
 
 Routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,
-/tokenize, /detokenize (and the same without /v1 where llama-server has them).
+/tokenize, /detokenize (and the same without /v1 where llama-server has them),
+/props and the chat page at / (server/webui.py).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import schemas as S
+from . import webui
 from .errors import APIError, exception_handlers, invalid, model_not_found, to_api_error
 from .media import MediaConfig, MediaError, load_image
 from .metrics import Metrics
@@ -53,6 +55,7 @@ class ServerConfig:
     image_cache_mb: int = 256
     max_stall_ms: float = 0.0
     media: MediaConfig = field(default_factory=MediaConfig)
+    webui: bool = True
 
 
 def load_engine(cfg: ServerConfig):
@@ -526,6 +529,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
     ]:
         routes += [route(p, fn, methods, name) for p in paths]
+    routes += webui.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -115,6 +115,8 @@ def serve_parser() -> argparse.ArgumentParser:
           help="requests that may wait beyond --parallel before new ones get 429")
     _flag(p, "--cors-origins", env="GGSERVE_CORS_ORIGINS", default="*",
           metavar="ORIGINS", help="comma-separated allowed CORS origins; empty: no CORS")
+    _flag(p, "--no-webui", env="LLAMA_ARG_NO_WEBUI", flag=True,
+          help="do not serve the chat page at / (the API, /props included, stays)")
     _flag(p, "-v", "--verbose", env="LLAMA_ARG_VERBOSE", flag=True,
           help="debug logging")
     return p
@@ -143,6 +145,7 @@ def config_from_args(args):
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
         max_queue=args.max_queue, chat_template_file=args.chat_template_file,
         mmproj=args.mmproj, image_cache_mb=args.image_cache_mb, max_stall_ms=args.max_stall_ms,
+        webui=not args.no_webui,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,
@@ -164,6 +167,8 @@ def serve(argv: list[str]) -> int:
     app = create_app(cfg)
     print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
           f"(model loads in the background; GET /health says when ready)", flush=True)
+    if cfg.webui:
+        print(f"ggserve: chat page at http://{args.host}:{args.port}/", flush=True)
     uvicorn.run(app, host=args.host, port=args.port,
                 log_level="debug" if args.verbose else "info",
                 timeout_graceful_shutdown=5)
