@@ -56,7 +56,7 @@ def props(api) -> dict:
         },
         "total_slots": api.cfg.n_parallel,
         "model_alias": api.model_id(),
-        "model_path": api.cfg.model,
+        "model_path": os.fspath(api.cfg.model),
         "modalities": {"vision": engine.vision is not None, "audio": False},
         "chat_template": engine.chat_template.source,
         "bos_token": tok.id_to_token(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else "",
