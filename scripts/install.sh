@@ -5,6 +5,16 @@
 # compiled against it. GGML_CMAKE_ARGS="-DGGML_CUDA=ON" builds it for CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's chromium and chromedriver, for the chat page's browser tests (tests/test_webui.py)
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi
+    if command -v apt-get >/dev/null && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+        $SUDO apt-get update -q
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium chromium-driver >/dev/null
+    else
+        echo "install.sh: no chromium/chromedriver and no apt-get as root: the browser tests will be skipped" >&2
+    fi
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
