@@ -91,7 +91,7 @@ def server(smollm2_path):
         yield srv
 
 
-def wait_for(fn, timeout=30.0, interval=0.05, what="condition"):
+def wait_for(fn, timeout=60.0, interval=0.05, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = fn()
@@ -248,6 +248,8 @@ def test_conversations_regenerate_and_edit(browser, server):
     assert browser.find_element(By.CSS_SELECTOR, ".msg.user .bubble").text == "First chat again\nmore"
     # a second conversation, renamed, then deleted
     browser.find_element(By.ID, "new-chat").click()
+    assert browser.find_elements(By.CSS_SELECTOR, ".msg") == []
+    assert browser.find_element(By.ID, "max_tokens").get_attribute("value") == "4"   # settings carried over
     type_message(browser, "Second chat")
     wait_for(lambda: last_stats(browser).get("completion"), what="the answer")
     names = lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#conversations .name")]
@@ -307,6 +309,38 @@ def test_markdown_is_escaped_and_rendered(browser, server):
     assert table.startswith("<table><thead><tr><th>x</th>") and '<td class="right">2</td>' in table
 
 
+def test_reasoning_tool_calls_and_error_events_are_shown(browser, server):
+    # the events as the server would send them, through the page's own SSE reader
+    open_page(browser, server.url)
+    out = js(browser, """
+        const events = [
+          {choices: [{index: 0, delta: {role: "assistant", content: ""}}]},
+          {choices: [{index: 0, delta: {reasoning_content: "Let me "}}]},
+          {choices: [{index: 0, delta: {reasoning_content: "think."}}]},
+          {choices: [{index: 0, delta: {content: "Hi **there**"}}]},
+          {choices: [{index: 0, delta: {tool_calls: [{index: 0, id: "c1", type: "function",
+            function: {name: "get_weather", arguments: '{"city":'}}]}}]},
+          {choices: [{index: 0, delta: {tool_calls: [{index: 0, function: {arguments: '"Paris"}'}}]}}]},
+          {choices: [], usage: {prompt_tokens: 12, completion_tokens: 5,
+                                prompt_tokens_details: {cached_tokens: 3}}},
+          {error: {message: "boom", type: "server_error"}},
+        ];
+        const body = events.map((e) => "data: " + JSON.stringify(e) + "\\r\\n\\r\\n").join("") + "data: [DONE]\\n\\n";
+        const msg = {role: "assistant", content: "", reasoning: ""};
+        return readEvents(new Response(body), (c) => applyChunk(msg, c, {first: null})).then(() => {
+          const box = renderMessage(msg, 0, {messages: [msg], system: ""});
+          const think = box.querySelector("details.think");
+          return {reasoning: think.textContent, open: think.open, content: box.querySelector(".content").innerHTML,
+                  tool: box.querySelector("details.tool").textContent, error: box.querySelector(".error").textContent,
+                  stats: box.querySelector(".stats").textContent};
+        });""")
+    assert out["reasoning"] == "ReasoningLet me think." and out["open"] is False   # collapsed
+    assert out["content"] == "<p>Hi <strong>there</strong></p>"
+    assert out["tool"] == 'Tool call: get_weather{\n  "city": "Paris"\n}'
+    assert out["error"] == "Error: boom"
+    assert out["stats"] == "5 tokens · prompt 12 tokens (3 cached)"
+
+
 def test_wrong_api_key_shows_the_servers_error(browser, smollm2_path):
     from selenium.webdriver.common.by import By
 
@@ -339,6 +373,18 @@ def test_attached_image_reaches_the_server(browser, gemma3_path, mmproj_dir):
         open_page(browser, srv.url)
         browser.find_element(By.ID, "file").send_keys(str(IMAGE))
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#attachments img"), what="the thumbnail")
+        # paste and drop take images too; each becomes a thumbnail that can be removed
+        js(browser, """
+            const png = (s) => new File([Uint8Array.from(atob(s), (c) => c.charCodeAt(0))], "x.png", {type: "image/png"});
+            const dot = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+            const paste = new DataTransfer(); paste.items.add(png(dot));
+            document.querySelector("#input").dispatchEvent(new ClipboardEvent("paste", {clipboardData: paste, bubbles: true}));
+            const drop = new DataTransfer(); drop.items.add(png(dot));
+            document.querySelector("#messages").dispatchEvent(new DragEvent("drop", {dataTransfer: drop, bubbles: true}));""")
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, "#attachments img")) == 3, what="3 thumbnails")
+        for _ in range(2):
+            browser.find_elements(By.CSS_SELECTOR, "#attachments button")[-1].click()
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#attachments img")) == 1
         set_field(browser, "max_tokens", 4)
         type_message(browser, text)
         wait_for(lambda: last_stats(browser).get("completion"), timeout=120, what="the answer")

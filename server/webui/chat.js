@@ -191,9 +191,11 @@ function save() {
   if (currentId) localStorage.setItem(CURRENT, currentId);
 }
 
-function newConversation() {
+function newConversation(like = {}) {
+  // a new conversation starts with the system prompt and settings of the one it was opened from
   const conv = { id: `c${Date.now().toString(36)}${Math.random().toString(36).slice(2, 6)}`, title: "",
-    updated: Date.now(), system: "", temperature: "", top_p: "", max_tokens: "", messages: [] };
+    updated: Date.now(), system: like.system || "", messages: [] };
+  for (const k of SAMPLING) conv[k] = like[k] ?? "";
   conversations.unshift(conv);
   return conv;
 }
@@ -659,7 +661,7 @@ function init() {
   });
   $("#messages").addEventListener("click", (e) => { if (e.target.classList.contains("copy")) copyCode(e.target); });
   $("#new-chat").addEventListener("click", () => {
-    const conv = current().messages.length ? newConversation() : current();
+    const conv = current().messages.length ? newConversation(current()) : current();
     select(conv.id);
     $("#input").focus();
   });
