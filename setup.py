@@ -56,14 +56,15 @@ def _extensions():
 
 
 setup(
-    packages=["ggserve", "ggserve.native", "ggserve.models", "ggserve.server"],
+    packages=["ggserve", "ggserve.native", "ggserve.models", "ggserve.server",
+              "ggserve.server.webui"],
     package_dir={
         "ggserve": "ggserve",
         "ggserve.native": "native",
         "ggserve.models": "models",
         "ggserve.server": "server",
     },
-    # the chat page (server/webui/) ships as plain files beside the code
-    package_data={"ggserve.native": ["*.pxd"], "ggserve.server": ["webui/*"]},
+    # the chat page: plain files in server/webui/, a package of data only
+    package_data={"ggserve.native": ["*.pxd"], "ggserve.server.webui": ["*.html", "*.js", "*.css"]},
     ext_modules=_extensions(),
 )

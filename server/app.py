@@ -2,7 +2,7 @@
 
 Routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,
 /tokenize, /detokenize (and the same without /v1 where llama-server has them),
-/props and the chat page at / (server/webui.py).
+/props and the chat page at / (server/chat_page.py).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import schemas as S
-from . import webui
+from . import chat_page
 from .errors import APIError, exception_handlers, invalid, model_not_found, to_api_error
 from .media import MediaConfig, MediaError, load_image
 from .metrics import Metrics
@@ -529,7 +529,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
     ]:
         routes += [route(p, fn, methods, name) for p in paths]
-    routes += webui.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
+    routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

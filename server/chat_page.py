@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-STATIC = os.path.join(os.path.dirname(__file__), "webui")
+STATIC = os.path.join(os.path.dirname(__file__), "webui")  # shipped as package data
 _FILES = {  # URL path -> (file, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
