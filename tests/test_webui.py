@@ -309,6 +309,19 @@ def test_markdown_is_escaped_and_rendered(browser, server):
     assert table.startswith("<table><thead><tr><th>x</th>") and '<td class="right">2</td>' in table
 
 
+def test_copy_button_copies_the_code(browser, server):
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, server.url)
+    browser.execute_cdp_cmd("Browser.grantPermissions", {
+        "origin": server.url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+    js(browser, "const m = {role: 'assistant', content: 'Run:\\n```sh\\necho <hi> && ls\\n```'};"
+                "document.querySelector('#messages').append(renderMessage(m, 0, {messages: [m, {}]}));")
+    browser.find_element(By.CSS_SELECTOR, ".codeblock .copy").click()
+    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, ".codeblock .copy").text == "Copied", what="Copied")
+    assert js(browser, "return navigator.clipboard.readText()") == "echo <hi> && ls"
+
+
 def test_reasoning_tool_calls_and_error_events_are_shown(browser, server):
     # the events as the server would send them, through the page's own SSE reader
     open_page(browser, server.url)
