@@ -13,7 +13,7 @@ from ggserve.native import ggml
 from ggserve.models.hparams import HParams
 from ggserve.models.registry import register
 from ggserve.models.weights import Weights
-from ggserve.server.kv_cache import LayerKV
+from ggserve.models.memory import LayerKV
 
 SWA_PATTERN = 6                 # layer il is global when il % 6 == 5
 SWA_ROPE_BASE = 10000.0
@@ -64,7 +64,7 @@ class Gemma3Model:
     def is_swa(self, il: int) -> bool:
         return bool(self.window) and il % SWA_PATTERN < SWA_PATTERN - 1
 
-    def kv_layers(self, device_of_layer) -> list[LayerKV]:
+    def memory_layers(self, device_of_layer) -> list[LayerKV]:
         n = self.head_dim * self.n_head_kv
         return [LayerKV(n, n, device_of_layer(i), self.window if self.is_swa(i) else 0)
                 for i in range(self.n_layer)]

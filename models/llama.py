@@ -8,9 +8,9 @@ import math
 
 from ggserve.native import ggml
 from ggserve.models.hparams import HParams
-from ggserve.models.registry import ModelError, register
+from ggserve.models.registry import register
 from ggserve.models.weights import Weights
-from ggserve.server.kv_cache import LayerKV
+from ggserve.models.memory import LayerKV
 
 
 class Layer:
@@ -60,7 +60,7 @@ class LlamaModel:
         n_kv = self.head_dim * self.n_head_kv
         self.layers = [Layer(w, i, self.n_embd, n_q, n_kv, self.n_ff) for i in range(self.n_layer)]
 
-    def kv_layers(self, device_of_layer) -> list[LayerKV]:
+    def memory_layers(self, device_of_layer) -> list[LayerKV]:
         n = self.head_dim * self.n_head_kv
         return [LayerKV(n, n, device_of_layer(i)) for i in range(self.n_layer)]
 

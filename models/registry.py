@@ -16,9 +16,22 @@ def register(*names: str):
     return deco
 
 
+def _import_architectures() -> None:
+    """Import every module of models/, so the architecture modules register
+    themselves: a new architecture is a new file and nothing else."""
+    import importlib
+    import pkgutil
+
+    import ggserve.models as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.ispkg:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
 def model_class(arch: str | None, path: str = "") -> type:
-    # import the architecture modules so they register themselves
-    from ggserve.models import gemma3, llama  # noqa: F401
+    if not _ARCHITECTURES:
+        _import_architectures()
 
     if arch not in _ARCHITECTURES:
         where = f"{path}: " if path else ""

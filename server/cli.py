@@ -88,6 +88,10 @@ def serve_parser() -> argparse.ArgumentParser:
                "long prompt arriving mid-stream pauses them briefly and often instead of "
                "once for a whole -b step (e.g. 500 for chat UIs on a CPU; 0: off, steps "
                "of up to -b tokens as in llama-server)")
+    _flag(p, "--no-kernel-parity", env="GGSERVE_NO_KERNEL_PARITY", flag=True,
+          help="compute each batch with plain ggml calls instead of reproducing, row by "
+               "row, the CPU kernel llama.cpp would use (results then differ from "
+               "llama.cpp's in the last bits; for GPUs and speed comparisons)")
     # One core is left to the HTTP event loop: ggml's worker threads spin at their
     # barriers, and when they share every core with Python the steps crawl (measured
     # on 2 cores: the server test suite takes 25 s with -t 1 and 650 s with -t 2).
@@ -145,6 +149,7 @@ def config_from_args(args):
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
         max_queue=args.max_queue, chat_template_file=args.chat_template_file,
         mmproj=args.mmproj, image_cache_mb=args.image_cache_mb, max_stall_ms=args.max_stall_ms,
+        kernel_parity=not args.no_kernel_parity,
         webui=not args.no_webui,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,

@@ -14,6 +14,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from ggserve.models.chat_template import TemplateError
+
+from .request_errors import RequestError
+
 log = logging.getLogger("ggserve.server")
 
 _TYPES = {
@@ -56,15 +60,6 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
     return APIError(400, message, param=param, code=code)
 
 
-def context_length_exceeded(n_prompt: int, n_ctx: int) -> APIError:
-    return APIError(
-        400,
-        f"This model's maximum context length is {n_ctx} tokens, "
-        f"but the prompt has {n_prompt} tokens.",
-        param="messages", code="context_length_exceeded",
-    )
-
-
 def model_not_found(name: str) -> APIError:
     return APIError(404, f"The model `{name}` does not exist.", param="model",
                     code="model_not_found")
@@ -94,9 +89,9 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(exc.status_code, exc.detail or "error",
                         headers=dict(exc.headers or {}))
     name = type(exc).__name__
-    if name == "ContextLengthExceeded":  # engine's error; imported lazily elsewhere
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
-    if name == "TemplateError":
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, TemplateError):
         return invalid(f"Chat template error: {exc}", param="messages")
     if isinstance(exc, ValueError):
         return invalid(str(exc))

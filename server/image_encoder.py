@@ -27,6 +27,11 @@ class ImageEncoder:
         self._key = None
         self._future: concurrent.futures.Future | None = None
 
+    @property
+    def key(self):
+        """The key of the tile in flight (or done, not collected yet)."""
+        return self._key
+
     def busy(self) -> bool:
         """A tile is encoding now."""
         return self._future is not None and not self._future.done()

@@ -8,32 +8,17 @@ runs attention for the models, so models never see cell indices.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from ggserve.models.memory import LayerKV
 from ggserve.native import ggml
+
+__all__ = ["KVCache", "KVCacheFull", "LayerKV", "KVStep"]
 
 MAX_SEQS = 64          # sequences are bits of a uint64
 N_KV_PAD = 256         # attend over a multiple of 256 cells, as llama.cpp does
-# ggml's CPU flash attention picks its kernel from the shape of the call: >= 64
-# query rows take a tiled kernel (f32), a lone row over >= 512 cells is split
-# across threads, everything else runs row by row (f16). The kernels round
-# differently; see KVCache.attention_calls for how each row gets llama.cpp's.
-FA_TILED_MIN_ROWS = 64
-SPLIT_KV_MIN = 512
 
 _NEG_INF = np.float16(-np.inf)
-
-
-@dataclass(frozen=True)
-class LayerKV:
-    """What one layer stores per token: K and V row widths, its device, its window."""
-
-    n_embd_k: int
-    n_embd_v: int
-    device: object
-    sliding_window: int = 0     # 0: global attention
 
 
 class KVCacheFull(RuntimeError):
@@ -41,9 +26,10 @@ class KVCacheFull(RuntimeError):
 
 
 class KVCache:
-    def __init__(self, backend, layers: list[LayerKV], size: int,
-                 type_k=ggml.F16, type_v=ggml.F16, n_regions: int = 1):
+    def __init__(self, backend, layers: list[LayerKV | None], size: int,
+                 type_k=ggml.F16, type_v=ggml.F16, n_regions: int = 1, n_pos: int = 1):
         self.size = size
+        self.n_pos = n_pos
         # sequence s fills cells of region s % n_regions first (one per slot), so a
         # sequence's cells are contiguous and start where they would if it ran alone
         self.region = max(1, size // max(1, n_regions))
@@ -51,7 +37,10 @@ class KVCache:
         self.layers = layers
         self.type_k = type_k
         self.type_v = type_v
+        # a cell's position: the first of its token's n_pos positions decides masks
+        # (causality, window); the others (M-RoPE's) are kept beside it
         self.pos = np.full(size, -1, dtype=np.int32)
+        self.pos_ext = np.zeros((n_pos - 1, size), dtype=np.int32)
         self.seqs = np.zeros(size, dtype=np.uint64)
         # span id per cell: cells of one bidirectional span (an image) see each other
         self.span = np.zeros(size, dtype=np.int64)
@@ -61,7 +50,9 @@ class KVCache:
         self.buffers = []
         self.k, self.v = [], []
         by_device = {}
-        for il, layer in enumerate(layers):
+        for il, layer in enumerate(layers):     # None: a layer without attention (hybrid models)
+            if layer is None:
+                continue
             by_device.setdefault(layer.device, []).append(il)
         tensors = {}
         for device, ils in by_device.items():
@@ -72,9 +63,9 @@ class KVCache:
             buf = backend.alloc(device, specs)
             self.buffers.append(buf)
             tensors.update(buf.tensors)
-        self.k = [tensors[f"cache_k_l{il}"] for il in range(len(layers))]
-        self.v = [tensors[f"cache_v_l{il}"] for il in range(len(layers))]
-        self.has_swa = any(l.sliding_window for l in layers)
+        self.k = [tensors.get(f"cache_k_l{il}") for il in range(len(layers))]
+        self.v = [tensors.get(f"cache_v_l{il}") for il in range(len(layers))]
+        self.has_swa = any(l is not None and l.sliding_window for l in layers)
 
     def close(self):
         for b in self.buffers:
@@ -166,14 +157,29 @@ class KVCache:
 
     def commit(self, cells: np.ndarray, seq_ids: np.ndarray, positions: np.ndarray,
                spans: np.ndarray | None = None) -> None:
-        """Apply a plan: cells now hold these sequences' tokens at these positions."""
-        self.pos[cells] = positions
+        """Apply a plan: cells now hold these sequences' tokens at these positions
+        ([n_tokens], or [n_pos, n_tokens])."""
+        positions = positions.reshape(-1, len(cells))
+        self.pos[cells] = positions[0]
+        if self.n_pos > 1:
+            self.pos_ext[:, cells] = positions[1:]
         self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
         for seq in set(seq_ids.tolist()) & self._extent.keys():
             ext = self._extent[seq]
             mine = cells[seq_ids == seq]
             self._extent[seq] = (min(ext[0], int(mine.min())), max(ext[1], int(mine.max())))
         self.span[cells] = 0 if spans is None else spans
+
+    def rollback(self, cells: np.ndarray) -> None:
+        """Undo a commit whose step failed: the cells are free again."""
+        self.seqs[cells] = 0
+        self.pos[cells] = -1
+        self.span[cells] = 0
+        self._extent.clear()
+
+    def positions_of(self, cells: np.ndarray) -> np.ndarray:
+        """[n_pos, len(cells)]: the positions the cells hold."""
+        return np.concatenate([self.pos[None, cells], self.pos_ext[:, cells]])
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int | None = None) -> None:
         """Remove seq from cells with p0 <= pos < p1 (p1 None: to the end)."""
@@ -217,16 +223,17 @@ class KVCache:
         try:
             t_src = g.input("copy_src", ggml.I32, (p1,))
             t_dst = g.input("copy_dst", ggml.I64, (p1,))
-            for cache in (*self.k, *self.v):
+            for cache in (t for t in (*self.k, *self.v) if t is not None):
                 g.expand(g.set_rows(cache, g.get_rows(cache, t_src), t_dst))
             backend.compute(g, {t_src: src_cells.astype(np.int32), t_dst: dst_cells.astype(np.int64)})
         finally:
             g.close()
-        self.commit(dst_cells, np.full(p1, dst), self.pos[src_cells].copy(), self.span[src_cells].copy())
+        self.commit(dst_cells, np.full(p1, dst), self.positions_of(src_cells), self.span[src_cells].copy())
         return True
 
     def clear(self) -> None:
         self.pos[:] = -1
+        self.pos_ext[:] = 0
         self.seqs[:] = 0
         self._extent.clear()
         self.span[:] = 0
@@ -266,21 +273,16 @@ class KVCache:
         mask[visible] = 0
         return mask
 
-    def worst_case_calls(self, n_tokens: int) -> list[tuple[int, int, int, int, int]]:
-        """The attention calls of the largest step (n_tokens over every cell), for reserve()."""
-        return [(0, n_tokens, 0, self.size, max(n_tokens, FA_TILED_MIN_ROWS))]
-
-    def calls_for(self, seq_ids: np.ndarray, ubatch_size: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-        """This step's attention calls (see attention_calls). ubatch_size: per row, the
-        rows of the ubatch llama.cpp computes it in when its sequence runs alone
-        (models.inputs.solo_ubatches)."""
-        return self.attention_calls(seq_ids, ubatch_size >= FA_TILED_MIN_ROWS)
+    def worst_case_calls(self, n_tokens: int, min_rows: int = 1) -> list[tuple[int, int, int, int, int]]:
+        """The attention calls of the largest step (n_tokens, padded to min_rows, over
+        every cell), for reserve()."""
+        return [(0, n_tokens, 0, self.size, max(n_tokens, min_rows))]
 
     def step_values(self, cells, seq_ids, positions, spans, calls) -> dict[str, np.ndarray]:
         """This step's cache inputs by name (call after commit): the cells to write,
         and per attention call its mask block."""
         values = {"kv_slots": cells.astype(np.int64)}
-        windows = [0] + ([max(l.sliding_window for l in self.layers)] if self.has_swa else [])
+        windows = [0] + ([max(l.sliding_window for l in self.layers if l is not None)] if self.has_swa else [])
         for window, name in zip(windows, ("kq_mask", "kq_mask_swa")):
             blocks = []
             for t0, t1, c0, c1, rows in calls:
@@ -302,69 +304,6 @@ class KVCache:
         if self.has_swa:
             st.mask_swa = g.input("kq_mask_swa", ggml.F16, (n_mask,))
         return st
-
-    def attention_calls(self, seq_ids: np.ndarray, tiled: np.ndarray) -> list[tuple[int, int, int, int, int]]:
-        """(first row, end row, first cell, end cell, rows incl. padding) per flash-attention call.
-
-        Why: every row must be computed by the kernel llama.cpp uses for it when
-        its sequence runs alone and fresh, whatever else is in the batch, however
-        the prompt was chunked and whatever prefix was reused:
-        - prompt rows of a >= 64-row ubatch (`tiled`): the tiled kernel. Their
-          sequence gets a call of its own, padded with dummy rows to 64 when fewer
-          remain (a prompt chunked finely, the tail after a reused prefix). The
-          tiled kernel's result for a row does not depend on the other rows.
-        - a lone row over >= 512 cells: the thread-split kernel, whose result
-          depends on where the cells lie in the call; it gets a call of its own
-          over exactly the cells llama.cpp would use (view_for).
-        - the rest: the row-by-row kernel, which skips masked cells, so rows of
-          several sequences share a call (< 64 rows, over the union of their cell
-          ranges, when the ranges lie close together) and each still gets exactly
-          its solo result.
-        """
-        runs, t0 = [], 0
-        ids, tl = seq_ids.tolist(), tiled.tolist()
-        for t1 in range(1, len(ids) + 1):
-            if t1 == len(ids) or ids[t1] != ids[t0] or tl[t1] != tl[t0]:
-                runs.append((t0, t1) + self.view_for(ids[t0]) + (bool(tl[t0]),))
-                t0 = t1
-        calls, group = [], []
-
-        def flush():
-            if group:
-                calls.append((group[0][0], group[-1][1], min(r[2] for r in group),
-                              max(r[3] for r in group), group[-1][1] - group[0][0]))
-                group.clear()
-
-        for t0, t1, c0, c1, is_tiled in runs:
-            rows = t1 - t0
-            if is_tiled:
-                flush()
-                calls.append((t0, t1, c0, c1, max(rows, FA_TILED_MIN_ROWS)))
-            elif rows == 1 and c1 - c0 >= SPLIT_KV_MIN:
-                flush()
-                calls.append((t0, t1, c0, c1, 1))
-            else:
-                for a in range(t0, t1, FA_TILED_MIN_ROWS - 1):      # never >= 64 rows in one call
-                    b = min(t1, a + FA_TILED_MIN_ROWS - 1)
-                    if group and (group[-1][1] - group[0][0] + (b - a) >= FA_TILED_MIN_ROWS
-                                  or _union_waste(group, c0, c1) > N_KV_PAD):
-                        flush()
-                    group.append((a, b, c0, c1))
-        flush()
-        return calls
-
-
-def _union_waste(group, c0: int, c1: int) -> int:
-    """Cells a shared call would walk that belong to none of its sequences' ranges:
-    sequences in distant regions of the cache are cheaper attended apart (the kernel
-    still visits every masked cell)."""
-    ranges = sorted([(g[2], g[3]) for g in group] + [(c0, c1)])
-    covered, end = 0, ranges[0][0]
-    for a, b in ranges:
-        if b > end:
-            covered += b - max(a, end)
-            end = b
-    return end - ranges[0][0] - covered
 
 
 class KVStep:

@@ -38,6 +38,9 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)   # -inf bans a token
     n_probs: int = 0           # top-N logprobs to report (0 = none)
 
+    def __post_init__(self):
+        self.validate()      # the one place sampling fields are checked
+
     def validate(self) -> None:
         """Raise ValueError naming the first out-of-range field."""
         def bad(name: str, value, want: str) -> ValueError:
@@ -93,7 +96,6 @@ class SequenceSampler:
     """Per-sequence state: its RNG (numpy Generator seeded from params.seed) and its token history for penalties."""
 
     def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int] = ()):
-        params.validate()
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self._history: list[int] = []

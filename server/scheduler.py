@@ -7,11 +7,18 @@ prompt chunks fill what is left of the budget, oldest first. While streams are
 decoding, the engine may cap the rows of a step (`max_rows`) so that a prompt
 arriving mid-stream costs each stream a short pause per step instead of one long
 one (on a CPU a full 512-token step takes seconds).
+
+`plan()` returns a StepPlan, frozen: the chunks (already stopped short of image
+tiles that have no embedding yet), the tile the encoder may start (an encoder
+budget of one tile in flight), or the tile the step must encode first because
+no row can run without it, and the prompts held waiting for a shared prefix.
+The engine executes a plan as it is; nothing changes it afterwards.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from ggserve.server.sequence import Sequence
 
@@ -21,20 +28,39 @@ from ggserve.server.sequence import Sequence
 MIN_PROMPT_ROWS = 64
 
 
-@dataclass
+ROW_COST_MIN_ROWS = 64     # steps this big or bigger measure the compute cost of a row
+
+
+@dataclass(frozen=True)
 class Chunk:
     seq: Sequence
-    start: int          # index into seq.tokens (== its position)
+    start: int          # index into seq.tokens
     n: int
     wants_logits: bool  # the chunk reaches the end of the known tokens
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    chunks: tuple[Chunk, ...]
+    encode: object | None = None       # a tile (TileSpan) to start encoding beside this step
+    encode_first: object | None = None  # no row can run before this tile is encoded
+    held: frozenset = frozenset()      # prompts waiting for a prefix another sequence computes
+
+    @property
+    def n_rows(self) -> int:
+        return sum(c.n for c in self.chunks)
+
+
 class Scheduler:
-    def __init__(self, n_slots: int, n_batch: int):
+    def __init__(self, n_slots: int, n_batch: int, max_stall_s: float = 0.0):
         self.n_slots = n_slots
         self.n_batch = n_batch
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # while streams decode, steps are sized to take about max_stall_s (0: no cap),
+        # from the measured compute time per batch row
+        self.max_stall = max(0.0, max_stall_s)
+        self._row_seconds = 0.0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -58,6 +84,30 @@ class Scheduler:
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def plan(self, held: frozenset, tile_ready: Callable[[str], bool], encoder_free: bool) -> StepPlan:
+        """This step's plan (see the module docstring). tile_ready(key): is that
+        tile's embedding stored; encoder_free: may a tile start encoding now."""
+        chunks, missing = _stop_at_missing_tiles(self.schedule(self.max_rows(), held), tile_ready)
+        if missing is None:
+            return StepPlan(chunks, held=held)
+        if chunks:
+            return StepPlan(chunks, encode=missing if encoder_free else None, held=held)
+        return StepPlan((), encode_first=missing, held=held)
+
+    def max_rows(self) -> int | None:
+        """The row cap of a step with decodes in it (None: no cap). Before the first
+        measurement: the smallest prompt chunk."""
+        if not self.max_stall:
+            return None
+        return int(self.max_stall / self._row_seconds) if self._row_seconds else 0
+
+    def observe(self, n_rows: int, seconds: float) -> None:
+        """A step of n_rows computed in `seconds`: update the cost of a row (small
+        steps cost more per row, they would shrink the cap)."""
+        if n_rows >= ROW_COST_MIN_ROWS:
+            per_row = seconds / n_rows
+            self._row_seconds = per_row if not self._row_seconds else 0.8 * self._row_seconds + 0.2 * per_row
 
     def schedule(self, max_rows: int | None = None, hold: set = frozenset()) -> list[Chunk]:
         """This step's chunks. max_rows: the most rows a step with decodes in it
@@ -90,3 +140,22 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+
+def _stop_at_missing_tiles(chunks, tile_ready) -> tuple[tuple[Chunk, ...], object | None]:
+    """The chunks stopped just before the first image tile each reaches that has
+    no embedding yet, and the first such tile (None: all there)."""
+    kept, missing = [], None
+    for c in chunks:
+        end = c.start + c.n
+        for span in c.seq.images:
+            if span.end <= c.start or span.start >= end or tile_ready(span.key):
+                continue
+            missing = missing or span
+            end = max(span.start, c.start)
+            break
+        if end == c.start + c.n:
+            kept.append(c)
+        elif end > c.start:
+            kept.append(Chunk(c.seq, c.start, end - c.start, end == len(c.seq.tokens)))
+    return tuple(kept), missing

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ggserve.server.sampling import SamplingParams, SequenceSampler
 
 
@@ -15,8 +17,11 @@ class Request:
     ignore_eos: bool = False
     images: list = field(default_factory=list)   # TileSpans: image rows within `prompt`
     # where llama-server would start a new prompt batch at a user turn (chat prompts of
-    # sliding-window models; Engine.turn_starts): only to compute rows as it does
+    # sliding-window models; server/kernel_parity.py): only to compute rows as it does
     turn_starts: tuple = ()
+    # int32 [n_pos, len(prompt)]: each token's positions where they are not its index
+    # (M-RoPE: 4 per token, images advance them by their grid); None: the index
+    positions: np.ndarray | None = None
 
 
 @dataclass
@@ -25,9 +30,10 @@ class TokenEvent:
     token: int | None
     logprob: float | None
     top_logprobs: list[tuple[int, float]]
-    finish_reason: str | None
+    finish_reason: str | None     # "stop", "length", or "error" (then `error` says why)
     n_prompt: int
     n_cached: int
+    error: str | None = None
 
 
 class Sequence:
@@ -43,6 +49,10 @@ class Sequence:
         self.n_generated = 0
         self.slot = -1
         self.images = request.images
+        self.n_pos = 1 if request.positions is None else request.positions.shape[0]
+        # generated tokens continue from the prompt's last position (all dims, as
+        # llama.cpp's text positions for M-RoPE: p, p, p, 0)
+        self._next_pos = self.n_prompt if request.positions is None else int(request.positions[0].max()) + 1
         # penalties only ever see real tokens, never image placeholders
         self.sampler = SequenceSampler(request.params, [t for t in request.prompt if t >= 0])
 
@@ -58,6 +68,19 @@ class Sequence:
     @property
     def prefilling(self) -> bool:
         return self.n_computed < self.n_prompt
+
+    def positions(self, start: int, n: int) -> np.ndarray:
+        """int32 [n_pos, n]: the positions of tokens start .. start + n."""
+        if self.request.positions is None:
+            return np.arange(start, start + n, dtype=np.int32)[None, :]
+        out = np.empty((self.n_pos, n), dtype=np.int32)
+        k = max(0, min(n, self.n_prompt - start))
+        out[:, :k] = self.request.positions[:, start:start + k]
+        gen = self._next_pos + np.arange(start + k - self.n_prompt, start + n - self.n_prompt, dtype=np.int32)
+        out[:, k:] = gen
+        if self.n_pos == 4:
+            out[3, k:] = 0
+        return out
 
     def span_at(self, index: int):
         """The image span containing token index `index`, or None."""

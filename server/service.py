@@ -3,7 +3,9 @@
 One task (`Service._run`) owns the engine: it applies queued adds and cancels
 between steps, runs `engine.step()` on a dedicated worker thread (ggml releases
 the GIL, so HTTP stays responsive), and routes each TokenEvent to the Job that
-asked for it. No other code calls the engine while a step runs.
+asked for it. No other code calls the engine while a step runs. Prompts are built
+by the service's PromptBuilder on a thread of their own (`chat_prompt`), from
+what never changes after loading, so building one never waits for a step.
 
 A Job is one HTTP request: one engine request per choice (n > 1, or several
 prompts in /v1/completions), one queue for all of them. Iterating a Job yields
@@ -20,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from .errors import APIError, context_length_exceeded
+from .errors import APIError
 from .metrics import Metrics
+from .prompts import Prompt, PromptBuilder
 from .stops import StopMatcher
 
 log = logging.getLogger("ggserve.server")
@@ -101,17 +104,11 @@ class _Choice:
 class Job:
     """One HTTP request's engine requests. Iterate it for (index, Delta)."""
 
-    def __init__(self, service: "Service", prompts: list[list[int]], stops, n_probs: int):
-        self.service = service
+    def __init__(self, prompts: list[list[int]], choices: list[_Choice], cancel: Callable[[str], None]):
         self.prompts = prompts
-        self.n_probs = n_probs
         self.queue: asyncio.Queue = asyncio.Queue()
-        base = f"r{next(_ids)}"
-        tok = service.engine.tokenizer
-        self.choices = [
-            _Choice(f"{base}-{i}", tok, service.make_decoder(tok), stops)
-            for i in range(len(prompts))
-        ]
+        self.choices = choices
+        self._cancel = cancel             # the service's: ends an engine request
         self.t_submit = time.perf_counter()
         self._open = len(self.choices)
 
@@ -128,7 +125,7 @@ class Job:
             if delta.finish_reason is not None:
                 self._open -= 1
                 if not choice.engine_done:
-                    self.service.cancel(choice.request_id)
+                    self._cancel(choice.request_id)
             if delta.text or delta.logprobs or delta.finish_reason:
                 yield index, delta
 
@@ -137,7 +134,7 @@ class Job:
         for c in self.choices:
             if not c.engine_done:
                 c.engine_done = True
-                self.service.cancel(c.request_id)
+                self._cancel(c.request_id)
 
     # usage
     @property
@@ -165,9 +162,12 @@ class Service:
     def __init__(self, load_engine: Callable[[], Any], *, n_parallel: int,
                  max_queue: int = 64, metrics: Metrics | None = None,
                  make_request: Callable[..., Any] | None = None,
-                 make_decoder: Callable[[Any], Any] | None = None):
+                 make_decoder: Callable[[Any], Any] | None = None,
+                 make_prompts: Callable[[Any], Any] = PromptBuilder.for_engine):
         self._load_engine = load_engine
         self.engine = None
+        self.prompts = None                   # PromptBuilder, once the engine is loaded
+        self._make_prompts = make_prompts
         self.n_parallel = n_parallel
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
@@ -176,6 +176,7 @@ class Service:
         self.ready = False
         self.load_error: BaseException | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-engine")
+        self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
         self._adds: list[tuple[Job, asyncio.Future]] = []
         self._cancels: list[str] = []
         self._live: dict[str, tuple[Job, int]] = {}   # request id -> (job, index)
@@ -215,11 +216,13 @@ class Service:
             engine, self.engine = self.engine, None
             await loop.run_in_executor(self._executor, engine.close)
         self._executor.shutdown(wait=True)
+        self._prompt_executor.shutdown(wait=True)
 
     async def _load_and_run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load_engine)
+            self.prompts = self._make_prompts(self.engine)
         except Exception as e:
             log.exception("failed to load the model")
             self.load_error = e
@@ -234,37 +237,37 @@ class Service:
         self.ready = True
         await self._run()
 
-    def make_decoder(self, tokenizer):
-        return self._make_decoder(tokenizer)
-
     # -- requests -----------------------------------------------------------------
 
-    async def submit(self, prompts: list[list[int]], params: list, max_tokens: int | None,
-                     *, ignore_eos: bool = False, stops: list[str] | None = None,
-                     n_probs: int = 0, images: list | None = None, turn_starts: tuple = ()) -> Job:
+    async def chat_prompt(self, messages: list[dict], tools=None, images: list = ()) -> Prompt:
+        """Chat messages (+ loaded images) -> Prompt, built off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._prompt_executor, self.prompts.chat, messages, tools, images)
+
+    async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
+                     *, ignore_eos: bool = False, stops: list[str] | None = None) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
-        Job once the engine took them all (or raises: context length, bad params,
+        Job once the engine took them all (or raises: context length, bad request,
         queue full)."""
         if not self.ready:
             raise APIError(503, "Loading model", code="model_loading",
                            headers={"Retry-After": "5"})
         n_ctx = self.engine.n_ctx
-        for p in prompts:
-            if len(p) + 1 > n_ctx:
-                raise context_length_exceeded(len(p), n_ctx)
         outstanding = len(self._live) + sum(len(j.choices) for j, _ in self._adds)
         if outstanding + len(prompts) > self.n_parallel + self.max_queue:
             raise APIError(429, "Server is busy: too many requests queued; retry later",
                            code="queue_full", headers={"Retry-After": "1"})
-        job = Job(self, prompts, stops, n_probs)
+        base, tok = f"r{next(_ids)}", self.engine.tokenizer
+        choices = [_Choice(f"{base}-{i}", tok, self._make_decoder(tok), stops) for i in range(len(prompts))]
+        job = Job([p.tokens for p in prompts], choices, self.cancel)
         requests = []
         for p, c, prm in zip(prompts, job.choices, params):
-            room = n_ctx - len(p)
+            room = max(0, n_ctx - len(p.tokens))
             limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
-            extra = {"images": list(images)} if images else {}
-            if turn_starts:
-                extra["turn_starts"] = tuple(turn_starts)
-            requests.append(self._make_request(id=c.request_id, prompt=list(p),
+            extra = {"images": list(p.images)} if p.images else {}
+            if p.turn_starts:
+                extra["turn_starts"] = tuple(p.turn_starts)
+            requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens),
                                                params=prm, max_tokens=limit,
                                                ignore_eos=ignore_eos, **extra))
         job.requests = requests
@@ -276,7 +279,7 @@ class Service:
         except asyncio.CancelledError:
             job.close()
             raise
-        self.metrics.prompt_tokens.inc(sum(len(p) for p in prompts))
+        self.metrics.prompt_tokens.inc(sum(len(p.tokens) for p in prompts))
         return job
 
     def cancel(self, request_id: str) -> None:
@@ -359,6 +362,10 @@ class Service:
                 c.t_last = now
             if ev.finish_reason is not None:
                 del self._live[ev.request_id]
+            if getattr(ev, "error", None):        # the engine ended this request alone
+                job.choices[index].engine_done = True
+                job.queue.put_nowait(APIError(500, ev.error, code="server_error"))
+                continue
             job.queue.put_nowait((index, ev))
         self._update_stats()
 

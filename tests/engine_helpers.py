@@ -1,5 +1,7 @@
 """Running the engine to completion, for tests (no server involved)."""
+from ggserve.server import kernel_parity
 from ggserve.server.engine import Engine, Request
+from ggserve.server.prompts import PromptBuilder
 from ggserve.server.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, top_k=1, n_probs=10)
@@ -8,9 +10,15 @@ GREEDY = SamplingParams(temperature=0.0, top_k=1, n_probs=10)
 def generate(engine: Engine, prompts: dict[str, list[int]], max_tokens: int,
              params: SamplingParams = GREEDY) -> dict[str, list]:
     """Run every prompt (id -> token ids) together; return id -> list of TokenEvents."""
-    for rid, ids in prompts.items():
-        engine.add(Request(rid, list(ids), params, max_tokens=max_tokens, ignore_eos=True))
-    events: dict[str, list] = {rid: [] for rid in prompts}
+    return generate_requests(engine, [Request(rid, list(ids), params, max_tokens=max_tokens, ignore_eos=True)
+                                      for rid, ids in prompts.items()])
+
+
+def generate_requests(engine: Engine, requests: list[Request]) -> dict[str, list]:
+    """Run these requests together; return id -> list of TokenEvents."""
+    for r in requests:
+        engine.add(r)
+    events: dict[str, list] = {r.id: [] for r in requests}
     while engine.has_work():
         for ev in engine.step():
             events[ev.request_id].append(ev)
@@ -35,3 +43,15 @@ def max_logprob_deviation(events, steps) -> float:
         if ev.token != step["id"]:
             break
     return worst
+
+
+def build_prompt(engine: Engine, text: str, images=()) -> tuple[list[int], list]:
+    """Rendered chat text + (sha256, image) pairs -> (tokens, image spans), as the
+    server's prompt builder makes them."""
+    prompt = PromptBuilder.for_engine(engine).build(text, list(images))
+    return prompt.tokens, prompt.images
+
+
+def turn_starts(engine: Engine, prompt: list[int], spans=()) -> tuple[int, ...]:
+    """Where llama-server starts a batch at a user turn (sliding-window models' chats)."""
+    return kernel_parity.turn_starts(prompt, spans, PromptBuilder.for_engine(engine).turn_opener)

@@ -12,12 +12,13 @@ import os
 import pathlib
 import time
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from ggserve.server.engine import Engine, Request
 from ggserve.server.sampling import SamplingParams
-from engine_helpers import max_logprob_deviation
+from engine_helpers import build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
 
 HERE = pathlib.Path(__file__).parent
 GOLDEN = json.loads((HERE / "data" / "multimodal.json").read_text())["configs"]
@@ -63,9 +64,9 @@ def _case_list(configs):
 
 
 def _run(engine, prompt, spans, max_tokens, params=GREEDY):
-    # a chat prompt, as llama-server's /v1/chat/completions gets it (Engine.turn_starts)
+    # a chat prompt, as llama-server's /v1/chat/completions gets it (engine_helpers.turn_starts)
     engine.add(Request("img", prompt, params, max_tokens=max_tokens, ignore_eos=True, images=spans,
-                       turn_starts=engine.turn_starts(prompt, spans)))
+                       turn_starts=turn_starts(engine, prompt, spans)))
     events = []
     while engine.has_work():
         events += engine.step()
@@ -74,7 +75,7 @@ def _run(engine, prompt, spans, max_tokens, params=GREEDY):
 
 @pytest.mark.parametrize("name,case", list(_case_list(CONFIGS)))
 def test_prompt_tokens_equal_llama_cpp(engines, name, case):
-    prompt, spans = engines[name].build_prompt(case["apply_template_prompt"], [_image_or_same_size(case)])
+    prompt, spans = build_prompt(engines[name], case["apply_template_prompt"], [_image_or_same_size(case)])
     assert len(prompt) == case["prompt_tokens"]
 
 
@@ -83,14 +84,14 @@ def test_idefics3_refuses_a_text_model_without_image_tokens(mmproj_dir, smollm2_
     e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2,
                mmproj=str(mmproj_dir / "mmproj-synth-idefics3-f16.gguf"))
     with pytest.raises(ValueError, match="<fake_token_around_image>"):
-        e.build_prompt("<__media__>Describe this image.", [_image("grad_64x64.png")])
+        build_prompt(e, "<__media__>Describe this image.", [_image("grad_64x64.png")])
     e.close()
 
 
 def test_image_without_mmproj_is_refused(smollm2_path):
     e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2)
     with pytest.raises(ValueError, match="does not support images"):
-        e.build_prompt("<__media__>Describe this image.", [_image("grad_64x64.png")])
+        build_prompt(e, "<__media__>Describe this image.", [_image("grad_64x64.png")])
     e.close()
 
 
@@ -109,7 +110,7 @@ def _answer(engines, name, image):
     case = _golden(name, image)
     e = engines[name]
     e.clear_cache()
-    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image(image)])
+    prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image(image)])
     return case, _run(e, prompt, spans, len(case["generated_ids"]))
 
 
@@ -136,11 +137,11 @@ def test_same_image_twice_skips_the_encoder(engines):
     e = engines["mlp_f16"]
     case = _golden("mlp_f16", "checker_300x200.png")
     e.clear_cache()
-    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("checker_300x200.png")])
+    prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("checker_300x200.png")])
     first = [ev.token for ev in _run(e, prompt, spans, 8)]
     encoded = e.stats()["images_encoded"]
     e.clear_cache()                 # no prefix reuse: only the image store can help
-    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("checker_300x200.png")])
+    prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("checker_300x200.png")])
     hits = e.stats()["image_cache_hits"]
     second = [ev.token for ev in _run(e, prompt, spans, 8)]
     assert e.stats()["images_encoded"] == encoded
@@ -154,7 +155,7 @@ def test_image_longer_than_the_batch_is_split_across_batches(mmproj_dir, smollm2
     for n_batch in (1024, 100):       # the image is 576 rows
         e = Engine(smollm2_path, n_ctx=2048, n_batch=n_batch, n_parallel=1, n_threads=2,
                    mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"))
-        prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("grad_64x64.png")])
+        prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("grad_64x64.png")])
         answers.append([ev.token for ev in _run(e, prompt, spans, 8)])
         e.close()
     assert answers[0] == answers[1]
@@ -166,7 +167,7 @@ def test_gemma3_image_stays_in_one_batch(mmproj_dir, gemma3_path):
     e = Engine(gemma3_path, n_ctx=2048, n_batch=300, n_parallel=1, n_threads=2,
                mmproj=str(mmproj_dir / "mmproj-synth-gemma3-f16.gguf"))
     case = _golden("gemma3_f16", "grad_64x64.png")
-    prompt, spans = e.build_prompt("x " * 60 + case["apply_template_prompt"], [_image("grad_64x64.png")])
+    prompt, spans = build_prompt(e, "x " * 60 + case["apply_template_prompt"], [_image("grad_64x64.png")])
     seq_chunks = []
     e.add(Request("g", prompt, GREEDY, max_tokens=1, ignore_eos=True, images=spans))
     while e.has_work():
@@ -198,7 +199,7 @@ def test_text_streams_keep_decoding_while_an_image_encodes(engines):
         solo[rid] = out
     eng.clear_cache()
     case = _golden("gemma3_f16", "checker_300x200.png")
-    prompt, spans = eng.build_prompt(case["apply_template_prompt"], [_image("checker_300x200.png")])
+    prompt, spans = build_prompt(eng, case["apply_template_prompt"], [_image("checker_300x200.png")])
     for rid, ids in texts.items():
         eng.add(Request(rid, ids, GREEDY, max_tokens=12, ignore_eos=True))
     eng.add(Request("img", prompt, GREEDY, max_tokens=4, ignore_eos=True, images=spans))
@@ -228,7 +229,7 @@ def test_image_embeddings_are_kept_on_the_first_text_layers_device(engines):
     e = engines["mlp_f16"]
     e.clear_cache()
     case = _golden("mlp_f16", "grad_64x64.png")
-    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("grad_64x64.png")])
+    prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("grad_64x64.png")])
     _run(e, prompt, spans, 1)
     emb = e.images.get(spans[0].key)
     assert emb.device is e.backend.cpu
@@ -242,10 +243,10 @@ def test_a_tile_encodes_in_the_background_while_other_rows_run(engines):
     e = Engine(loaded.model_path, n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
                mmproj=loaded.vision.path)           # an empty image store
     case = _golden("mlp_f16", "rgba_160x120.png")
-    prompt, spans = e.build_prompt(case["apply_template_prompt"], [_image("rgba_160x120.png")])
+    prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("rgba_160x120.png")])
     encoded = e.stats()["images_encoded"]
     e.add(Request("img", prompt, GREEDY, max_tokens=len(case["generated_ids"]), ignore_eos=True,
-                  images=spans, turn_starts=e.turn_starts(prompt, spans)))
+                  images=spans, turn_starts=turn_starts(e, prompt, spans)))
     e.step()
     seq = e.scheduler.running[0]
     assert seq.n_computed == spans[0].start
@@ -257,3 +258,37 @@ def test_a_tile_encodes_in_the_background_while_other_rows_run(engines):
     e.close()
     assert n_encoded == encoded + 1
     assert [ev.token for ev in events] == case["generated_ids"]
+
+
+def test_a_tile_that_fails_to_encode_ends_only_its_request(mmproj_dir, smollm2_path):
+    # 4 image requests at once; one tile is corrupt (not a [3, H, W] array), as a
+    # failing preprocessor or encoder would leave it: that request ends with an
+    # error, the other 3 give exactly their answers alone, and no cell leaks
+    mmproj = str(mmproj_dir / "mmproj-synth-mlp-f16.gguf")
+    names = ["grad_64x64.png", "checker_300x200.png", "rgba_160x120.png", "tall_200x600.png"]
+    bad = "rgba_160x120.png"
+
+    def engine():
+        return Engine(smollm2_path, n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2, mmproj=mmproj)
+
+    def request(e, name):
+        prompt, spans = build_prompt(e, _golden("mlp_f16", name)["apply_template_prompt"], [_image(name)])
+        return Request(name, prompt, GREEDY, max_tokens=6, ignore_eos=True, images=spans)
+
+    e = engine()
+    solo = {}
+    for name in names:
+        if name != bad:
+            e.clear_cache()
+            solo[name] = tokens(generate_requests(e, [request(e, name)])[name])
+    e.close()
+    e = engine()                                     # an empty image store: every tile encodes
+    requests = [request(e, name) for name in names]
+    requests[names.index(bad)].images[0].tile = np.zeros((336, 336), dtype=np.float32)
+    events = generate_requests(e, requests)
+    stats = e.stats()
+    e.close()
+    assert events[bad][-1].finish_reason == "error" and "could not be encoded" in events[bad][-1].error
+    assert {name: tokens(evs) for name, evs in events.items() if name != bad} == solo
+    assert (stats["running"], stats["waiting"]) == (0, 0)
+    assert stats["kv_used"] == sum(len(r.prompt) + 5 for r in requests if r.id != bad)   # kept for reuse

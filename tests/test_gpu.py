@@ -23,7 +23,7 @@ from PIL import Image
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.engine import Engine, Request
-from engine_helpers import GREEDY
+from engine_helpers import GREEDY, build_prompt, turn_starts
 
 HERE = pathlib.Path(__file__).parent
 PROMPTS = [[1], [1, 504, 3458, 282, 4649, 314], list(range(500, 540))]
@@ -117,13 +117,13 @@ def _last_logits(engine, ids):
     engine.clear_cache()
     engine.add(Request("r", ids, GREEDY, max_tokens=1, ignore_eos=True))
     kept = []
-    forward = engine._forward
-    engine._forward = lambda *a: kept.append(forward(*a)) or kept[-1]
+    run = engine.runner.run
+    engine.runner.run = lambda *a: kept.append(run(*a)) or kept[-1]
     try:
         while engine.has_work():
             engine.step()
     finally:
-        del engine._forward
+        del engine.runner.run
     return kept[-1][-1]
 
 
@@ -147,9 +147,9 @@ def test_an_image_is_encoded_and_kept_on_the_gpu(mmproj_dir, smollm2_path):
     try:
         path = HERE / "data" / "vision" / "grad_64x64.png"
         image = (hashlib.sha256(path.read_bytes()).hexdigest(), Image.open(path))
-        prompt, spans = e.build_prompt(case["apply_template_prompt"], [image])
+        prompt, spans = build_prompt(e, case["apply_template_prompt"], [image])
         e.add(Request("img", prompt, GREEDY, max_tokens=4, ignore_eos=True, images=spans,
-                      turn_starts=e.turn_starts(prompt, spans)))
+                      turn_starts=turn_starts(e, prompt, spans)))
         events = []
         while e.has_work():
             events += e.step()

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from ggserve.native import ggml
+from ggserve.server.kernel_parity import attention_calls
 from ggserve.server.kv_cache import KVCache, KVCacheFull, LayerKV
 
 
@@ -93,7 +94,7 @@ def test_rows_of_sequences_in_distant_regions_get_separate_attention_calls(backe
     for seq in (0, 1, 2):
         _add(kv, seq, 10)
     kv.commit(kv.find_cells_for([0, 1, 2], [1, 1, 1]), np.array([0, 1, 2]), np.full(3, 10, dtype=np.int32))
-    calls = kv.attention_calls(np.array([0, 1, 2]), np.zeros(3, dtype=bool))
+    calls = attention_calls(np.array([0, 1, 2]), np.zeros(3, dtype=bool), kv.view_for)
     assert calls == [(0, 1, 0, 256, 1), (1, 2, 1024, 1280, 1), (2, 3, 2048, 2304, 1)]
 
 
@@ -101,5 +102,5 @@ def test_rows_of_sequences_with_close_cells_share_one_attention_call(backend):
     kv = _cache(backend, size=1024, regions=8)      # 128-cell regions: views overlap
     for seq in (0, 1):
         _add(kv, seq, 10)
-    calls = kv.attention_calls(np.array([0, 0, 1]), np.zeros(3, dtype=bool))
+    calls = attention_calls(np.array([0, 0, 1]), np.zeros(3, dtype=bool), kv.view_for)
     assert calls == [(0, 3, 0, 384, 3)]

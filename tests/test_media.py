@@ -23,10 +23,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ggserve.server.media import (
-    LoadedImage, MediaConfig, MediaError, _address_refused, _GuardedBackend, _host_allowed,
-    decode_image, load_image,
-)
+from ggserve.server.media import LoadedImage, MediaConfig, MediaError, decode_image, load_image
+from ggserve.server.media_fetch import _address_refused, _GuardedBackend, _host_allowed
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "media")
 CFG = MediaConfig()
@@ -529,8 +527,8 @@ async def test_guarded_connect_refuses_private_addresses(server):
 
 async def test_dns_answer_changing_after_the_check_is_caught(server, monkeypatch):
     # DNS rebinding: the per-hop check sees a public address, the connect sees loopback
-    from ggserve.server import media
-    real, calls = media._resolve_checked, []
+    from ggserve.server import media_fetch
+    real, calls = media_fetch._resolve_checked, []
 
     async def rebinding(host, port, url):
         calls.append(host)
@@ -538,7 +536,7 @@ async def test_dns_answer_changing_after_the_check_is_caught(server, monkeypatch
             return ["93.184.216.34"]
         return await real(host, port, url)
 
-    monkeypatch.setattr(media, "_resolve_checked", rebinding)
+    monkeypatch.setattr(media_fetch, "_resolve_checked", rebinding)
     n = len(server.hits)
     e = await media_error(base(server) + "/img.png", MediaConfig())
     assert e.code == "invalid_image_url" and "loopback" in str(e)

@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from ggserve.server import schemas as S
 from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.errors import APIError, to_api_error
+from ggserve.server.prompts import PromptBuilder
+from ggserve.server.request_errors import ContextLengthExceeded
 from ggserve.server.stops import StopMatcher
 from server_harness import RunningServer, sse_events
 
@@ -128,10 +130,6 @@ def test_completion_logprobs_shape():
 REPLY = "Hello, wörld! <|x|> done."   # multi-byte char: tokens are bytes
 
 
-class ContextLengthExceeded(ValueError):
-    pass
-
-
 @dataclass
 class FakeRequest:
     id: str
@@ -208,12 +206,6 @@ class FakeEngine:
         self.closed = False
         self.vision = None
 
-    def build_prompt(self, text, images=()):
-        return self.tokenizer.encode(text, add_special=True, parse_special=True), []
-
-    def turn_starts(self, prompt, spans=()):
-        return ()
-
     def _guard(self):
         assert self.lock.acquire(blocking=False), "engine called concurrently"
 
@@ -277,7 +269,8 @@ def fake_app(engine=None, loader=None, **cfg):
     engine = engine or FakeEngine(n_parallel=cfg.get("n_parallel", 4))
     cfg = ServerConfig(model="/models/fake.gguf", metrics=True, **cfg)
     return create_app(cfg, engine_loader=loader or (lambda: engine),
-                      make_request=FakeRequest, make_decoder=FakeDecoder), engine
+                      make_request=FakeRequest, make_decoder=FakeDecoder,
+                      make_prompts=lambda e: PromptBuilder(e.tokenizer, e.chat_template)), engine
 
 
 @pytest.fixture(scope="module")

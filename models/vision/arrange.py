@@ -28,6 +28,7 @@ class TileSpan:
     key: str            # content hash of the image + tile index: the multimodal store's key
     tile: object        # float32 [3, H, W] pixels to encode (dropped once encoded)
     bidirectional: bool  # rows attend to each other both ways (and must share a batch)
+    counted: bool = False  # counted once as an image-cache hit or miss (server/engine.py)
 
     @property
     def end(self) -> int:

@@ -1,0 +1,53 @@
+"""What a model asks of memory, layer by layer, and what its forward pass gets.
+
+A model declares one spec per layer (`Model.memory_layers(device_of_layer)`):
+- LayerKV: an attention layer keeps K and V rows per token (the KV cache);
+- LayerRecurrent: a linear-attention / SSM layer keeps a fixed-size state per
+  sequence (e.g. a gated delta net's conv and recurrent state), whatever the
+  sequence's length.
+A hybrid model mixes both. The server owns the storage (server/memory.py) and
+hands the forward pass one step's view of each kind: `ForwardInputs.kv`
+(attention over the cache) and `ForwardInputs.recurrent` (the batch's states).
+Nothing here knows how cells or states are laid out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """What one attention layer stores per token: K and V row widths, its device, its window."""
+
+    n_embd_k: int
+    n_embd_v: int
+    device: object
+    sliding_window: int = 0     # 0: global attention
+
+
+@dataclass(frozen=True)
+class LayerRecurrent:
+    """What one recurrent layer stores per sequence: one f32 row of each size
+    (e.g. (conv state elements, recurrent state elements)), on its device."""
+
+    sizes: tuple[int, ...]
+    device: object
+
+
+class AttentionStep(Protocol):
+    """One step's attention memory, as a model's forward pass uses it."""
+
+    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
+        """Store this batch's k, v for layer il and attend q over the sequence's cells."""
+
+
+class RecurrentStep(Protocol):
+    """One step's recurrent states: one row per sequence in the batch, in the
+    order of `ForwardInputs.seq_rows`."""
+
+    def state(self, g, il: int, i: int):
+        """State tensor i of layer il for the batch's sequences: f32 [size, n_seqs]."""
+
+    def store(self, g, il: int, i: int, new) -> None:
+        """Write the batch's new state i of layer il back (f32 [size, n_seqs])."""

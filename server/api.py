@@ -1,0 +1,177 @@
+"""What every endpoint shares (the service, config, auth, request bodies, sampling
+parameters) and the small endpoints: /health, /v1/models, /metrics, /tokenize,
+/detokenize."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import schemas as S
+from .errors import APIError, invalid, model_not_found
+from .metrics import Metrics
+from .service import Service
+
+# Reachable without the API key, as in llama-server.
+_PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}
+
+
+class API:
+    def __init__(self, cfg, service: Service, metrics: Metrics):
+        self.cfg = cfg
+        self.service = service
+        self.metrics = metrics
+        self.media = cfg.media
+
+    # -- helpers ------------------------------------------------------------------
+
+    @property
+    def engine(self):
+        if not self.service.ready:
+            if self.service.load_error is not None:
+                raise APIError(500, f"Model failed to load: {self.service.load_error}")
+            raise APIError(503, "Loading model", code="model_loading",
+                           headers={"Retry-After": "5"})
+        return self.service.engine
+
+    def model_id(self) -> str:
+        if self.cfg.alias:
+            return self.cfg.alias
+        if self.service.ready:
+            return self.service.engine.model_name
+        return os.path.splitext(os.path.basename(self.cfg.model))[0]
+
+    def check_model(self, name: str | None) -> None:
+        if not name:
+            return
+        known = {self.model_id(), self.cfg.model, os.path.basename(self.cfg.model),
+                 os.path.splitext(os.path.basename(self.cfg.model))[0]}
+        if self.service.ready:
+            known.add(self.service.engine.model_name)
+        if name not in known:
+            raise model_not_found(name)
+
+    def check_auth(self, request: Request) -> None:
+        if not self.cfg.api_keys or request.url.path in _PUBLIC:
+            return
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else \
+            request.headers.get("x-api-key", "")
+        if not key:
+            raise APIError(401, "Missing API key: send `Authorization: Bearer <key>`",
+                           code="invalid_api_key")
+        if key not in self.cfg.api_keys:
+            raise APIError(401, "Invalid API key", code="invalid_api_key")
+
+    @staticmethod
+    async def json_body(request: Request) -> dict:
+        raw = await request.body()
+        if not raw.strip():
+            raise invalid("Request body is empty; expected a JSON object")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise invalid(f"Invalid JSON in request body: {e}")
+        if not isinstance(body, dict):
+            raise invalid("Request body must be a JSON object")
+        return body
+
+    def sampling(self, req: S._Sampling, n_probs: int, n: int) -> list:
+        """One SamplingParams per choice (an explicit seed differs per choice)."""
+        from .sampling import SamplingParams
+
+        kw = {k: getattr(req, k) for k in (
+            "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+            "repeat_last_n", "presence_penalty", "frequency_penalty", "seed")
+            if getattr(req, k) is not None}
+        if req.top_p == 0.0:
+            kw["top_p"] = 1e-9  # OpenAI allows 0: "only the most likely token"
+        if req.typical_p == 0.0:
+            kw["typical_p"] = 1e-9
+        if req.logit_bias:
+            n_vocab = self.engine.tokenizer.n_vocab
+            bias = {}
+            for key, v in req.logit_bias.items():
+                tok = int(key)
+                if tok >= n_vocab:
+                    raise invalid(f"logit_bias: token id {tok} is out of range "
+                                  f"(n_vocab={n_vocab})", param="logit_bias")
+                bias[tok] = -math.inf if v <= -100 else float(v)
+            kw["logit_bias"] = bias
+        kw["n_probs"] = n_probs
+        try:
+            params = SamplingParams(**kw)       # checks its fields
+        except ValueError as e:
+            raise invalid(str(e))
+        out = []
+        for i in range(n):
+            p = copy.copy(params)
+            if params.seed is not None:
+                p.seed = params.seed + i
+            out.append(p)
+        return out
+
+    def check_n(self, n: int) -> None:
+        if n > self.cfg.n_parallel:
+            raise invalid(f"n must be at most {self.cfg.n_parallel} (the server's "
+                          f"--parallel)", param="n")
+
+    def logprob_tokens(self, entries) -> list[tuple[bytes, float, list[tuple[bytes, float]]]]:
+        tb = self.service.engine.tokenizer.token_bytes
+        return [(tb(t), lp, [(tb(u), v) for u, v in top]) for t, lp, top in entries]
+
+    # -- endpoints --------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        if self.service.ready:
+            return JSONResponse({"status": "ok"})
+        if self.service.load_error is not None:
+            raise APIError(500, f"Model failed to load: {self.service.load_error}")
+        raise APIError(503, "Loading model", code="model_loading",
+                       headers={"Retry-After": "5"})
+
+    async def models(self, request: Request) -> Response:
+        meta = {"n_ctx": self.cfg.n_ctx, "n_parallel": self.cfg.n_parallel}
+        if self.service.ready:
+            e = self.service.engine
+            meta.update(n_ctx_slot=e.n_ctx, n_vocab=e.tokenizer.n_vocab)
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.model_id(), "object": "model", "created": S.now(),
+            "owned_by": "ggserve", "meta": meta,
+        }]})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        if not self.cfg.metrics:
+            raise APIError(501, "This server does not support metrics endpoint; "
+                                "start it with --metrics")
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def tokenize(self, request: Request) -> Response:
+        req = S.TokenizeRequest.model_validate(await self.json_body(request))
+        tok = self.engine.tokenizer
+        ids = tok.encode(req.content, add_special=req.add_special,
+                         parse_special=req.parse_special)
+        if not req.with_pieces:
+            return JSONResponse({"tokens": ids})
+        pieces = []
+        for i in ids:
+            raw = tok.token_bytes(i)
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            pieces.append({"id": i, "piece": piece})
+        return JSONResponse({"tokens": pieces})
+
+    async def detokenize(self, request: Request) -> Response:
+        req = S.DetokenizeRequest.model_validate(await self.json_body(request))
+        tok = self.engine.tokenizer
+        bad = [t for t in req.tokens if not 0 <= t < tok.n_vocab]
+        if bad:
+            raise invalid(f"token id {bad[0]} is out of range", param="tokens")
+        return JSONResponse({"content": tok.decode(req.tokens)})

@@ -1,0 +1,66 @@
+"""A step plan's chunks as one batch of rows: plain arrays, no tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Batch:
+    chunks: tuple                 # the plan's chunks, in row order
+    tokens: np.ndarray            # int64 [n]: token ids (negative: image rows)
+    positions: np.ndarray         # int32 [n_pos, n]
+    seq_ids: np.ndarray           # int64 [n]: each row's slot
+    out_rows: np.ndarray          # int32: rows whose logits are sampled, one per chunk that wants them
+    out_chunks: list              # the chunks those rows belong to
+    images: list | None           # (batch row, embedding buffer, first row, end row) blocks, in batch order
+    span_ids: np.ndarray | None   # int64 [n]: non-zero for rows of bidirectional spans (the mask)
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    def per_sequence(self) -> tuple[list[int], list[int]]:
+        """(slots, row counts), one per chunk."""
+        return [c.seq.slot for c in self.chunks], [c.n for c in self.chunks]
+
+
+def assemble(chunks, images, n_pos: int) -> Batch:
+    """images: the image store (every tile the chunks reach is in it: the plan saw to that)."""
+    tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
+    if n_pos == 1:
+        positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])[None, :]
+    else:
+        positions = np.concatenate([c.seq.positions(c.start, c.n) for c in chunks], axis=1)
+    seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
+    out_rows, out_chunks, row = [], [], 0
+    for c in chunks:
+        row += c.n
+        if c.wants_logits:
+            out_rows.append(row - 1)
+            out_chunks.append(c)
+    blocks, span_ids = _image_rows(chunks, len(tokens), images)
+    return Batch(tuple(chunks), tokens, positions, seq_ids, np.asarray(out_rows, dtype=np.int32), out_chunks,
+                 blocks, span_ids)
+
+
+def _image_rows(chunks, n, images):
+    """The batch's image rows as (batch row, embedding buffer, first, end) blocks,
+    and per-row span ids (non-zero for rows of bidirectional spans) for the mask."""
+    blocks, span_ids, row = [], np.zeros(n, dtype=np.int64), 0
+    for c in chunks:
+        for span in c.seq.images:
+            lo, hi = max(span.start, c.start), min(span.end, c.start + c.n)
+            if lo >= hi:
+                continue
+            emb = images.get(span.key)
+            # the block holds its buffer: evicted later in this step, it stays alive
+            blocks.append((row + lo - c.start, emb, lo - span.start, hi - span.start))
+            if span.bidirectional:
+                # unique per (slot, image position): the cells of one image occurrence
+                span_ids[row + lo - c.start: row + hi - c.start] = 1 + c.seq.slot * (1 << 40) + span.start
+        row += c.n
+    if not blocks:
+        return None, None
+    return sorted(blocks, key=lambda b: b[0]), span_ids

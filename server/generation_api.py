@@ -1,0 +1,266 @@
+"""The generation endpoints: /v1/chat/completions and /v1/completions, answered
+whole or streamed as server-sent events."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from . import schemas as S
+from .api import API
+from .errors import APIError, invalid, to_api_error
+from .media import MediaError, load_image
+from .prompts import Prompt
+from .request_errors import RequestError
+from .service import Job
+
+
+async def chat_prompt(api: API, req: S.ChatCompletionRequest):
+    """Messages -> Prompt. Image parts are fetched/decoded (server/media.py) and
+    become the media marker in the rendered template; the service's prompt
+    builder arranges their embedding rows as llama.cpp's mtmd does."""
+    msgs, urls = [], []
+    for i, m in enumerate(req.messages):
+        msg: dict[str, Any] = {"role": m.role}
+        if isinstance(m.content, list):
+            parts = []
+            for j, part in enumerate(m.content):
+                if part.type == "text":
+                    if part.text is None:
+                        raise invalid("text content part needs `text`",
+                                      param=f"messages.{i}.content")
+                    parts.append({"type": "text", "text": part.text})
+                elif part.type == "image_url":
+                    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+                    if not isinstance(url, str) or not url:
+                        raise invalid("image_url part needs `image_url.url`",
+                                      param=f"messages.{i}.content.{j}.image_url")
+                    urls.append((url, f"messages.{i}.content.{j}.image_url"))
+                    parts.append({"type": "image_url"})
+                else:
+                    raise invalid(f"unsupported content part type {part.type!r}",
+                                  param=f"messages.{i}.content")
+            msg["content"] = parts
+        else:
+            msg["content"] = m.content
+        if m.content is None and not m.tool_calls and m.role != "assistant":
+            raise invalid(f"messages.{i}.content is required for role {m.role!r}",
+                          param=f"messages.{i}.content")
+        if msg["content"] is None:
+            msg["content"] = ""
+        for k in ("name", "tool_calls", "tool_call_id"):
+            if getattr(m, k) is not None:
+                msg[k] = getattr(m, k)
+        msgs.append(msg)
+    api.engine                     # 503 while loading
+    api.service.prompts.check_images(len(urls))
+    images = []
+    for url, param in urls:
+        try:
+            loaded = await load_image(url, api.media)
+        except MediaError as e:
+            raise e.api_error(param) from None
+        images.append((loaded.sha256, loaded.image))
+    try:
+        return await api.service.chat_prompt(msgs, req.tools, images)
+    except RequestError:
+        raise
+    except ValueError as e:
+        raise invalid(str(e), param="messages") from None
+
+async def chat(api: API, request: Request) -> Response:
+    req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
+    api.check_model(req.model)
+    api.check_n(req.n)
+    prompt = await chat_prompt(api, req)
+    n_probs = max(req.top_logprobs or 0, 1) if req.logprobs else 0
+    params = api.sampling(req, n_probs, req.n)
+    job = await api.service.submit([prompt] * req.n, params, req.limit,
+                                    ignore_eos=req.ignore_eos, stops=req.stop)
+    k = req.top_logprobs or 0
+    rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
+
+    def lp_entries(entries):
+        return [S.chat_logprob_entry(raw, lp, top[:k])
+                for raw, lp, top in api.logprob_tokens(entries)]
+
+    if not req.stream:
+        texts = [[] for _ in range(req.n)]
+        lps = [[] for _ in range(req.n)]
+        finish = [None] * req.n
+
+        async def collect():
+            async for i, d in job:
+                texts[i].append(d.text)
+                if req.logprobs:
+                    lps[i].extend(lp_entries(d.logprobs))
+                if d.finish_reason:
+                    finish[i] = d.finish_reason
+
+        await unless_disconnected(request, job, collect())
+        choices = [S.chat_choice(i, "".join(texts[i]), finish[i],
+                                 lps[i] if req.logprobs else None)
+                   for i in range(req.n)]
+        return JSONResponse(S.chat_completion(
+            rid, model, created, choices,
+            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)))
+
+    usage_on = req.include_usage
+
+    async def events():
+        for i in range(req.n):
+            yield S.chat_chunk(rid, model, created, i,
+                               {"role": "assistant", "content": ""},
+                               with_usage=usage_on)
+        async for i, d in job:
+            if d.text or d.logprobs:
+                yield S.chat_chunk(rid, model, created, i,
+                                   {"content": d.text} if d.text else {},
+                                   logprobs=lp_entries(d.logprobs) if req.logprobs else None,
+                                   with_usage=usage_on)
+            if d.finish_reason:
+                yield S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
+                                   with_usage=usage_on)
+        if usage_on:
+            yield S.usage_chunk(rid, model, created, "chat.completion.chunk", S.usage(
+                job.prompt_tokens, job.completion_tokens, job.cached_tokens))
+
+    return sse(job, events())
+
+# completions ------------------------------------------------------------------------
+
+def completion_prompts(api: API, req: S.CompletionRequest) -> list[list[int]]:
+    tok = api.engine.tokenizer
+    p = req.prompt
+    if isinstance(p, str):
+        raw = [p]
+    elif all(isinstance(x, int) for x in p):
+        raw = [p]
+    else:
+        raw = p
+    out = []
+    for x in raw:
+        if isinstance(x, str):
+            out.append(tok.encode(x, add_special=True, parse_special=True))
+        else:
+            if not x:
+                raise invalid("prompt must not be empty", param="prompt")
+            if any(not 0 <= t < tok.n_vocab for t in x):
+                raise invalid("prompt has a token id out of range", param="prompt")
+            out.append(list(x))
+    return out
+
+async def completions(api: API, request: Request) -> Response:
+    req = S.CompletionRequest.model_validate(await api.json_body(request))
+    api.check_model(req.model)
+    api.check_n(req.n)
+    prompts = completion_prompts(api, req)
+    if len(prompts) * req.n > api.cfg.n_parallel:
+        raise invalid(f"prompts × n must be at most {api.cfg.n_parallel}", param="n")
+    want_lp = req.logprobs is not None
+    k = req.logprobs or 0
+    params = api.sampling(req, max(k, 1) if want_lp else 0, req.n)
+    per_choice = [p for p in prompts for _ in range(req.n)]
+    job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
+                                    ignore_eos=req.ignore_eos, stops=req.stop)
+    rid, created, model = S.new_id("cmpl"), S.now(), api.model_id()
+    tok = api.engine.tokenizer
+    echo = [tok.decode(p) if req.echo else "" for p in per_choice]
+    if req.echo and isinstance(req.prompt, str):
+        echo = [req.prompt] * len(per_choice)
+
+    def lp_obj(entries, offset):
+        tokens = [(raw, lp, top[:k]) for raw, lp, top in api.logprob_tokens(entries)]
+        return S.completion_logprobs(tokens, offset)
+
+    n = len(per_choice)
+    if not req.stream:
+        texts = [[e] for e in echo]
+        lps = [[] for _ in range(n)]
+        finish = [None] * n
+
+        async def collect():
+            async for i, d in job:
+                texts[i].append(d.text)
+                lps[i].extend(d.logprobs)
+                if d.finish_reason:
+                    finish[i] = d.finish_reason
+
+        await unless_disconnected(request, job, collect())
+        choices = [S.completion_choice(i, "".join(texts[i]), finish[i],
+                                       lp_obj(lps[i], len(echo[i])) if want_lp else None)
+                   for i in range(n)]
+        return JSONResponse(S.completion(
+            rid, model, created, choices,
+            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)))
+
+    usage_on = req.include_usage
+
+    async def events():
+        offsets = [len(e) for e in echo]
+        for i, e in enumerate(echo):
+            if e:
+                yield S.completion_chunk(rid, model, created,
+                                         S.completion_choice(i, e, None, None), usage_on)
+        async for i, d in job:
+            lp = lp_obj(d.logprobs, offsets[i]) if want_lp else None
+            offsets[i] += len(d.text)
+            yield S.completion_chunk(
+                rid, model, created,
+                S.completion_choice(i, d.text, d.finish_reason, lp), usage_on)
+        if usage_on:
+            yield S.usage_chunk(rid, model, created, "text_completion", S.usage(
+                job.prompt_tokens, job.completion_tokens, job.cached_tokens))
+
+    return sse(job, events())
+
+
+def frame(obj) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+def sse(job: Job, events) -> StreamingResponse:
+    """Frame events as SSE; `data: [DONE]` last. The job is cancelled whenever the
+    stream ends early (client disconnect cancels this generator)."""
+
+    async def body():
+        try:
+            async for obj in events:
+                yield frame(obj)
+            yield "data: [DONE]\n\n"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            err = to_api_error(e)
+            yield f"data: {json.dumps(err.body(), ensure_ascii=False)}\n\n"
+        finally:
+            job.close()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={
+        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def unless_disconnected(request: Request, job: Job, work) -> None:
+    """Run `work`; if the client disconnects first, cancel it and the job."""
+
+    async def disconnected():
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+            return
+        task.cancel()
+        raise APIError(499, "Client closed request")
+    finally:
+        watch.cancel()
+        job.close()

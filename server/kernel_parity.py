@@ -1,0 +1,296 @@
+"""llama.cpp's numbers, row for row: which ggml kernel computes each batch row.
+
+ggml's CPU kernels are chosen per call from its shape, and they round differently.
+llama-server runs each sequence alone, prompt cut into ubatches; ggserve batches
+many sequences together, chunks prompts its own way and reuses prefixes. To give
+every row exactly the result llama-server gives it, the step reproduces, for each
+row, the kernel llama-server would use:
+
+- solo ubatches: the ubatch (first position, rows) llama-server computes the row
+  in (`solo_ubatches`), including its cuts at images, context checkpoints and
+  user turns of sliding-window models (`turn_starts`);
+- matmul row plans (`RowPlan`): rows that take the many-row kernel of repacked
+  (gemm) or k-quant (tiled) weights are gathered into such calls;
+- flash-attention calls (`attention_calls`): tiled, split or row-by-row, over the
+  cells llama.cpp would use.
+
+Everything here is off with `KernelParity(enabled=False)` (GPU builds, where no
+llama.cpp CPU reference applies, or speed comparisons): plain mul_mat calls and
+one attention call per step. Nothing outside this module knows these rules.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggserve.native import ggml
+from ggserve.server.kv_cache import N_KV_PAD
+
+UBATCH = 512          # llama.cpp's default -ub: how it cuts a prompt into ubatches
+CHECKPOINT_TAIL = 4   # llama-server's context checkpoints: the last 4 prompt tokens go alone
+
+# ggml's CPU mul_mat picks a kernel per call from its row count:
+# - weights repacked into interleaved layouts: rows in groups of four by gemm,
+#   the last n % 4 rows one by one by gemv;
+# - k-quant weights (not repacked): a tiled kernel for calls of >= 8 rows,
+#   vec_dot below;
+# - other types: the same per-row result whatever the call.
+TILED_TYPES = {"q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq2_xxs", "iq2_xs",
+               "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
+MATMUL_TILED_MIN_ROWS = 8
+
+# ggml's CPU flash attention: >= 64 query rows take a tiled kernel (f32), a lone
+# row over >= 512 cells is split across threads, everything else runs row by row (f16)
+FA_TILED_MIN_ROWS = 64
+SPLIT_KV_MIN = 512
+
+
+class KernelParity:
+    """The per-step decisions above, or plain calls when disabled."""
+
+    def __init__(self, enabled: bool, kernel_of: dict, has_swa: bool):
+        self.enabled = enabled
+        self.kernel_of = kernel_of if enabled else {}     # weight -> "repack" | "tiled"
+        self.kinds = sorted(set(self.kernel_of.values()))
+        self.has_swa = has_swa
+        # the fewest rows an attention call has (padding), for the worst-case reservation
+        self.min_attention_rows = FA_TILED_MIN_ROWS if enabled else 1
+
+    def ubatches(self, chunks) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per row of the batch: (first position, rows) of its solo ubatch."""
+        if not self.enabled:
+            return None
+        solo = [solo_ubatches(np.arange(c.start, c.start + c.n), c.seq.n_prompt, c.seq.images, self.has_swa,
+                              c.seq.request.turn_starts) for c in chunks]
+        return np.concatenate([u[0] for u in solo]), np.concatenate([u[1] for u in solo])
+
+    def attention_calls(self, seq_ids: np.ndarray, ubatches, view_for) -> list[tuple[int, int, int, int, int]]:
+        if not self.enabled:      # one call over every cell the batch's sequences use
+            views = [view_for(s) for s in set(seq_ids.tolist())]
+            n = len(seq_ids)
+            return [(0, n, min(v[0] for v in views), max(v[1] for v in views), n)]
+        return attention_calls(seq_ids, ubatches[1] >= FA_TILED_MIN_ROWS, view_for)
+
+    def n_threads(self, calls, preferred: int, full: int) -> int:
+        """Threads for a step: ggml's split flash-attention kernel (one query row
+        over >= SPLIT_KV_MIN cells) cuts the cells into one chunk per thread, so such
+        a row gets llama.cpp's result only with llama.cpp's thread count (`full`)."""
+        if self.enabled and any(rows == 1 and c1 - c0 >= SPLIT_KV_MIN for _, _, c0, c1, rows in calls):
+            return full
+        return preferred
+
+    def row_plans(self, positions: np.ndarray, ubatches, n_outputs: int) -> list["RowPlan"]:
+        return [RowPlan(kind, batched_rows(kind, positions, *ubatches), n_outputs) for kind in self.kinds]
+
+    def turn_opener(self, template, tokenizer) -> list[int]:
+        """The tokens of a user turn's opening, where llama-server cuts batches of
+        sliding-window models ([] when that does not apply)."""
+        if not (self.enabled and self.has_swa):
+            return []
+        return user_turn_opener(template, tokenizer)
+
+
+def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoints: bool = False,
+                  turn_starts=()):
+    """For rows of one sequence at `positions`: (first position, row count) of the
+    ubatch llama-server computes each in when the sequence runs alone.
+
+    llama-server decodes a prompt chunk by chunk (text runs, and each image's
+    embeddings through mtmd), and llama_decode cuts each chunk into UBATCH-row
+    ubatches from its start. For models with a sliding window (`checkpoints`) it
+    also ends a text batch CHECKPOINT_TAIL and CHECKPOINT_TAIL + UBATCH tokens
+    before the prompt's end, and before user turns of a chat (`turn_starts`), to
+    save context checkpoints there. Generated tokens come one per ubatch.
+    """
+    if positions.min(initial=n_prompt) >= n_prompt:        # decode rows only
+        return positions.astype(np.int64), np.ones(len(positions), dtype=np.int64)
+    cuts = {0, n_prompt}
+    for span in image_spans:
+        cuts.update((span.start, span.end))
+    if checkpoints:
+        in_image = lambda q: any(s.start <= q < s.end for s in image_spans)
+        cuts.update(q for q in (n_prompt - CHECKPOINT_TAIL - UBATCH, n_prompt - CHECKPOINT_TAIL, *turn_starts)
+                    if 0 < q < n_prompt and not in_image(q))
+    bounds = np.array(sorted(cuts), dtype=np.int64)
+    p = positions.astype(np.int64)
+    seg = np.clip(np.searchsorted(bounds, p, side="right") - 1, 0, len(bounds) - 2)
+    seg_start, seg_end = bounds[seg], bounds[seg + 1]
+    start = seg_start + (p - seg_start) // UBATCH * UBATCH
+    size = np.minimum(UBATCH, seg_end - start)
+    generated = p >= n_prompt
+    return np.where(generated, p, start), np.where(generated, 1, size)
+
+
+def batched_rows(kind: str, positions: np.ndarray, ub_start: np.ndarray, ub_size: np.ndarray) -> np.ndarray:
+    """Per row: does llama.cpp compute it with the many-row kernel of `kind`? In a
+    k-row ubatch the first 4 * (k // 4) rows take gemm ("repack"); all k rows take
+    the tiled kernel when k >= 8 ("tiled")."""
+    if kind == "repack":
+        return positions - ub_start < ub_size // 4 * 4
+    return ub_size >= MATMUL_TILED_MIN_ROWS
+
+
+class RowPlan:
+    """How the rows of a batch meet one kind of weight so that each row gets the
+    kernel llama.cpp gives it alone, whatever else shares the batch: rows that
+    take the many-row kernel are gathered first (padded by repeating a row), the
+    others follow in calls too small for it."""
+
+    def __init__(self, kind: str, batched: np.ndarray, n_outputs: int):
+        self.kind = kind
+        n_tokens = len(batched)
+        self.n_tokens = n_tokens
+        solo_max = 3 if kind == "repack" else MATMUL_TILED_MIN_ROWS - 1
+        many = np.flatnonzero(batched)
+        few = np.flatnonzero(~batched)
+        if len(many):
+            pad = -len(many) % 4 if kind == "repack" else max(0, MATMUL_TILED_MIN_ROWS - len(many))
+            many = np.concatenate([many, np.repeat(many[-1:], pad)])
+            # gemm leaves the last n % 4 rows to gemv: up to three solo rows ride along
+            first = len(many) + (min(solo_max, len(few)) if kind == "repack" else 0)
+            self.calls = [(0, first)] + _chunks(first, len(many) + len(few), solo_max)
+            self.perm = np.concatenate([many, few]).astype(np.int32)
+            inv = np.empty(n_tokens, dtype=np.int32)
+            inv[self.perm[::-1]] = np.arange(len(self.perm), dtype=np.int32)[::-1]   # first copy wins
+            self.inv = inv
+        else:
+            self.calls = _chunks(0, n_tokens, solo_max)
+            self.perm = self.inv = None
+        # after the last layer keeps only the output rows, every row is a solo row
+        self.out_calls = _chunks(0, n_outputs, solo_max)
+        self.t_perm = self.t_inv = None
+
+    @property
+    def key(self) -> tuple:
+        """What the graph built from this plan depends on (the rest are input values)."""
+        return (self.kind, tuple(self.calls), None if self.perm is None else len(self.perm), tuple(self.out_calls))
+
+    def values(self) -> dict[str, np.ndarray]:
+        """The plan's graph inputs by name (declare() declares them)."""
+        if self.perm is None:
+            return {}
+        return {f"mm_perm_{self.kind}": self.perm, f"mm_inv_{self.kind}": self.inv}
+
+    def declare(self, g) -> None:
+        if self.perm is not None:
+            self.t_perm = g.input(f"mm_perm_{self.kind}", ggml.I32, (len(self.perm),))
+            self.t_inv = g.input(f"mm_inv_{self.kind}", ggml.I32, (self.n_tokens,))
+
+    def apply(self, g, w, x, full_batch: bool):
+        calls = self.calls if full_batch else self.out_calls
+        if len(calls) == 1 and (not full_batch or self.t_perm is None):
+            return g.mul_mat(w, x)
+        if full_batch and self.t_perm is not None:
+            x = g.get_rows(x, self.t_perm)
+        outs = [g.mul_mat(w, g.view(x, (x.ne[0], n), (x.nb[1],), r0 * x.nb[1])) for r0, n in calls]
+        while len(outs) > 1:
+            outs = [g.concat(outs[i], outs[i + 1], 1) if i + 1 < len(outs) else outs[i]
+                    for i in range(0, len(outs), 2)]
+        out = outs[0]
+        if full_batch and self.t_inv is not None:
+            out = g.get_rows(out, self.t_inv)
+        return out
+
+
+def _chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(size, end - a)) for a in range(start, end, size)]
+
+
+def attention_calls(seq_ids: np.ndarray, tiled: np.ndarray, view_for) -> list[tuple[int, int, int, int, int]]:
+    """(first row, end row, first cell, end cell, rows incl. padding) per flash-attention call.
+
+    Why: every row must be computed by the kernel llama.cpp uses for it when
+    its sequence runs alone and fresh, whatever else is in the batch, however
+    the prompt was chunked and whatever prefix was reused:
+    - prompt rows of a >= 64-row ubatch (`tiled`): the tiled kernel. Their
+      sequence gets a call of its own, padded with dummy rows to 64 when fewer
+      remain (a prompt chunked finely, the tail after a reused prefix). The
+      tiled kernel's result for a row does not depend on the other rows.
+    - a lone row over >= 512 cells: the thread-split kernel, whose result
+      depends on where the cells lie in the call; it gets a call of its own
+      over exactly the cells llama.cpp would use (`view_for(seq)`).
+    - the rest: the row-by-row kernel, which skips masked cells, so rows of
+      several sequences share a call (< 64 rows, over the union of their cell
+      ranges, when the ranges lie close together) and each still gets exactly
+      its solo result.
+    """
+    runs, t0 = [], 0
+    ids, tl = seq_ids.tolist(), tiled.tolist()
+    for t1 in range(1, len(ids) + 1):
+        if t1 == len(ids) or ids[t1] != ids[t0] or tl[t1] != tl[t0]:
+            runs.append((t0, t1) + view_for(ids[t0]) + (bool(tl[t0]),))
+            t0 = t1
+    calls, group = [], []
+
+    def flush():
+        if group:
+            calls.append((group[0][0], group[-1][1], min(r[2] for r in group),
+                          max(r[3] for r in group), group[-1][1] - group[0][0]))
+            group.clear()
+
+    for t0, t1, c0, c1, is_tiled in runs:
+        rows = t1 - t0
+        if is_tiled:
+            flush()
+            calls.append((t0, t1, c0, c1, max(rows, FA_TILED_MIN_ROWS)))
+        elif rows == 1 and c1 - c0 >= SPLIT_KV_MIN:
+            flush()
+            calls.append((t0, t1, c0, c1, 1))
+        else:
+            for a in range(t0, t1, FA_TILED_MIN_ROWS - 1):      # never >= 64 rows in one call
+                b = min(t1, a + FA_TILED_MIN_ROWS - 1)
+                if group and (group[-1][1] - group[0][0] + (b - a) >= FA_TILED_MIN_ROWS
+                              or _union_waste(group, c0, c1) > N_KV_PAD):
+                    flush()
+                group.append((a, b, c0, c1))
+    flush()
+    return calls
+
+
+def _union_waste(group, c0: int, c1: int) -> int:
+    """Cells a shared call would walk that belong to none of its sequences' ranges:
+    sequences in distant regions of the cache are cheaper attended apart (the kernel
+    still visits every masked cell)."""
+    ranges = sorted([(g[2], g[3]) for g in group] + [(c0, c1)])
+    covered, end = 0, ranges[0][0]
+    for a, b in ranges:
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    return end - ranges[0][0] - covered
+
+
+def user_turn_opener(template, tokenizer) -> list[int]:
+    """The tokens that open a user turn in this chat template, as llama.cpp's
+    template analysis finds them: the role marker before a probe message's text
+    (from its last special token that names a role, or for templates written in
+    plain text, from the last '<')."""
+    probe = "\u2063probe\u2063"
+    try:
+        text = template.render([{"role": "user", "content": probe}], add_generation_prompt=False)
+    except Exception:            # a template that refuses the probe: no turn cuts
+        return []
+    if probe not in text:
+        return []
+    tok = tokenizer
+    pre = text[:text.index(probe)].rstrip()
+    bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else ""
+    if bos and pre.startswith(bos):
+        pre = pre[len(bos):]
+    ids = tok.encode(pre, add_special=False, parse_special=True)
+    marks = [i for i in range(len(ids) - 1) if tok.is_special(ids[i]) and not tok.is_special(ids[i + 1])]
+    if marks:
+        return ids[marks[-1]:]
+    return tok.encode(pre[pre.rfind("<"):] if "<" in pre else pre, add_special=False, parse_special=True)
+
+
+def turn_starts(prompt: list[int], spans, opener: list[int]) -> tuple[int, ...]:
+    """Positions of the first and the last user turn of a chat prompt (the turn
+    opener's occurrences outside image rows), where llama-server starts a new
+    batch for models with a sliding window. () without an opener."""
+    if not opener:
+        return ()
+    images = {i for span in spans for i in range(span.start, span.end)}
+    k = len(opener)
+    found = [i for i in range(len(prompt) - k + 1)
+             if prompt[i:i + k] == opener and not images.intersection(range(i, i + k))]
+    return tuple(sorted({found[0], found[-1]})) if found else ()

@@ -1,0 +1,127 @@
+"""Loading a model: its GGUF file, weights placed on devices, the model object,
+its tokenizer and chat template, and the optional vision model. A file that
+cannot be loaded raises ModelError naming it."""
+from __future__ import annotations
+
+import functools
+import os
+
+from ggserve.models.registry import ModelError, model_class
+from ggserve.models.tokenizer import Tokenizer
+from ggserve.models.weights import matmul_weight_names
+from ggserve.native import ggml
+from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.kernel_parity import TILED_TYPES
+
+
+class LoadedModel:
+    def __init__(self, model_path: str, *, n_threads: int = 0, n_gpu_layers: int = 0, n_parallel: int = 1,
+                 chat_template: str | None = None, mmproj: str | None = None):
+        self.path = os.fspath(model_path)
+        self.gguf = GGUFFile(self.path)
+        meta = self.gguf.metadata
+        arch = self.gguf.architecture
+        cls = model_class(arch, self.path)
+        self.name = meta.get("general.name") or os.path.splitext(os.path.basename(self.path))[0]
+        self.tokenizer = Tokenizer.from_metadata(meta)
+        self._chat_template_override = chat_template
+
+        n_layer = meta.get(f"{arch}.block_count", 0)
+        # graph size: ~60 nodes per layer plus 6 per attention call (at most one per sequence)
+        max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
+        self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes)
+        self.device_of_layer = self._placement(n_layer, n_gpu_layers)
+        matmul_names = matmul_weight_names(self.gguf.tensors)
+        self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers),
+                                                 repack=matmul_names)
+        if self.backend.gpus and n_gpu_layers > n_layer:
+            self._duplicate_tied_output(self.backend.gpus[0])
+        tensors = {}
+        for buf in self.weights.values():
+            tensors.update(buf.tensors)
+        self.kernel_of = self._kernel_kinds(matmul_names)
+        self.model = cls(meta, tensors, self.path)
+        self.vision = None
+        if mmproj is not None:
+            from ggserve.models.vision import VisionModel
+
+            # a backend of its own: tiles encode on a worker thread beside text steps
+            self.vision = VisionModel.from_gguf(mmproj, ggml.Backend(n_threads=self.backend.n_threads))
+            if self.vision.n_embd_out != self.model.n_embd:
+                raise ModelError(f"{mmproj}: projects to {self.vision.n_embd_out} dims, "
+                                 f"the text model {self.path} has {self.model.n_embd}")
+
+    @functools.cached_property
+    def chat_template(self):
+        """The model's chat template (or the override given at construction)."""
+        from ggserve.models.chat_template import ChatTemplate
+
+        override = self._chat_template_override
+        if override is not None:
+            tok = self.tokenizer
+            return ChatTemplate(override, bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id >= 0 else "",
+                                eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id >= 0 else "")
+        return ChatTemplate.from_metadata(self.gguf.metadata)
+
+    def _kernel_kinds(self, matmul_names) -> dict:
+        """Weights whose CPU kernel depends on the row count of the call
+        (server/kernel_parity.py): repacked ones, and k-quants."""
+        kernel_of = {}
+        for key, buf in self.weights.items():
+            if not buf.device.is_cpu:
+                continue
+            for name, t in buf.tensors.items():
+                if key == "CPU_REPACK":
+                    kernel_of[t] = "repack"
+                elif name in matmul_names and ggml.type_name(t.type) in TILED_TYPES:
+                    kernel_of[t] = "tiled"
+        return kernel_of
+
+    def _placement(self, n_layer, n_gpu_layers):
+        gpus = self.backend.gpus
+        cpu = self.backend.cpu
+        if not gpus or n_gpu_layers <= 0:
+            return lambda il: cpu
+        first_gpu_layer = max(0, n_layer - n_gpu_layers)
+        return lambda il: gpus[0] if il >= first_gpu_layer else cpu
+
+    def _tensor_placement(self, n_layer, n_gpu_layers):
+        """llama.cpp's rule: the last n_gpu_layers blocks on the GPU, the output
+        layer too when n_gpu_layers > n_layer; token embeddings stay on the CPU."""
+        gpus = self.backend.gpus
+        if not gpus or n_gpu_layers <= 0:
+            return {}
+        place = {}
+        for name in self.gguf.tensors:
+            if name.startswith("blk."):
+                place[name] = self.device_of_layer(int(name.split(".")[1]))
+            elif name.startswith("output") and n_gpu_layers > n_layer:
+                place[name] = gpus[0]
+        return place
+
+    def _duplicate_tied_output(self, device):
+        """A model whose output matrix is its token embeddings (tied) gets a copy of
+        them on `device` as "output.weight", as llama.cpp duplicates them: the
+        embeddings stay on the CPU for their row lookups while the vocabulary-sized
+        output product runs where the layers run."""
+        if "output.weight" in self.gguf.tensors or "token_embd.weight" not in self.gguf.tensors:
+            return
+        embd = next(b.tensors["token_embd.weight"] for b in self.weights.values() if "token_embd.weight" in b)
+        buf = self.backend.alloc(device, [("output.weight", embd.type, embd.ne)])
+        buf["output.weight"].copy_from(embd)
+        self.weights[f"{device.name} (tied output)"] = buf
+
+    def weight_bytes(self, device) -> int:
+        n = sum(b.nbytes for b in self.weights.values() if b.device is device)
+        if self.vision is not None and device is self.backend.devices[0]:
+            n += self.vision.nbytes
+        return n
+
+    def close(self) -> None:
+        if self.vision is not None:
+            self.vision.close()
+            self.vision.backend.close()
+        for b in self.weights.values():
+            b.close()
+        self.weights = {}
+        self.backend.close()

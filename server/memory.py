@@ -1,0 +1,100 @@
+"""A model's memory: the KV cache for its attention layers and, for hybrid models,
+a recurrent state per sequence for its recurrent layers. Built from the specs the
+model declares (models/memory.py); the prefix cache and the engine change it only
+through the operations here, so both kinds stay in step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggserve.models.memory import LayerKV, LayerRecurrent
+from ggserve.server.kv_cache import KVCache
+from ggserve.server.recurrent_state import RecurrentState
+
+
+class Memory:
+    def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1):
+        self.backend = backend
+        attention = [s if isinstance(s, LayerKV) else None for s in specs]
+        recurrent = [s if isinstance(s, LayerRecurrent) else None for s in specs]
+        # every model keeps a KV cache (it also records which tokens each sequence
+        # holds); layers without attention get no K/V storage in it
+        self.kv = KVCache(backend, attention, kv_size, type_k, type_v, n_regions=n_seqs, n_pos=n_pos)
+        self.recurrent = RecurrentState(backend, recurrent, n_seqs) if any(recurrent) else None
+
+    def close(self) -> None:
+        self.kv.close()
+        if self.recurrent is not None:
+            self.recurrent.close()
+
+    @property
+    def n_used(self) -> int:
+        return self.kv.n_used
+
+    def nbytes_by_device(self) -> dict:
+        out = dict(self.kv.nbytes_by_device())
+        if self.recurrent is not None:
+            for name, n in self.recurrent.nbytes_by_device().items():
+                out[name] = out.get(name, 0) + n
+        return out
+
+    # -- sequences -------------------------------------------------------------------
+
+    def reusable(self, seq: int, n: int) -> int:
+        """How much of n cached tokens seq can keep: all of them, or for a recurrent
+        state that does not end there, none."""
+        if self.recurrent is None or self.recurrent.can_keep(seq, n):
+            return n
+        return 0
+
+    def keep(self, seq: int, n: int) -> None:
+        """seq keeps its first n tokens (n from `reusable`) and drops the rest."""
+        self.kv.seq_rm(seq, n)
+        if self.recurrent is not None and n == 0:
+            self.recurrent.alloc(seq)
+
+    def take_prefix(self, src: int, dst: int, n: int) -> bool:
+        """dst drops what it holds and gets src's first n tokens; False (dst left
+        empty) when the recurrent state of src is not at n."""
+        self.kv.seq_rm(dst)
+        if self.recurrent is not None:
+            if not self.recurrent.can_keep(src, n):
+                self.recurrent.alloc(dst)
+                return False
+            self.recurrent.copy(src, dst)
+        if n and not self.kv.seq_copy(self.backend, src, dst, n):
+            self.kv.seq_cp(src, dst, 0, n)       # no room to copy: share the cells
+        return True
+
+    def free(self, seq: int) -> None:
+        self.kv.seq_rm(seq)
+        if self.recurrent is not None:
+            self.recurrent.free(seq)
+
+    def clear(self) -> None:
+        self.kv.clear()
+        if self.recurrent is not None:
+            for s in range(self.recurrent.n_seqs):
+                self.recurrent.free(s)
+
+    # -- steps -----------------------------------------------------------------------
+
+    def begin_step(self, seqs: list[int], counts: list[int], seq_ids, positions, spans) -> np.ndarray:
+        """Place and record the step's tokens (masks are built from them); the
+        recurrent states get a checkpoint to go back to. -> the cells."""
+        cells = self.kv.find_cells_for(seqs, counts)
+        self.kv.commit(cells, seq_ids, positions, spans)
+        if self.recurrent is not None:
+            self.recurrent.checkpoint(seqs)
+        return cells
+
+    def end_step(self, seqs: list[int], counts: list[int]) -> None:
+        if self.recurrent is not None:
+            self.recurrent.advance(seqs, counts)
+
+    def undo_step(self, cells: np.ndarray, seqs: list[int]) -> None:
+        """The step failed: its cells are free and each state is as before it."""
+        self.kv.rollback(cells)
+        if self.recurrent is not None:
+            for s in seqs:
+                self.recurrent.rollback(s)

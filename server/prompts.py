@@ -1,0 +1,69 @@
+"""Rendered chat text (+ images) -> the prompt the engine runs.
+
+Owned by the service (server/service.py), which runs it on its own worker thread:
+it reads only what never changes after loading (tokenizer, chat template, the
+vision model's preprocessing), never the engine's state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ggserve.models.vision.arrange import MEDIA_MARKER, arrange
+from ggserve.server.kernel_parity import turn_starts
+from ggserve.server.request_errors import ImagesNotSupported
+
+
+@dataclass
+class Prompt:
+    tokens: list[int]
+    images: list = field(default_factory=list)   # TileSpans: image rows within `tokens`
+    turn_starts: tuple = ()                      # server/kernel_parity.py
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer, chat_template, vision=None, turn_opener: list[int] = ()):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.vision = vision
+        self.turn_opener = list(turn_opener)
+
+    @classmethod
+    def for_engine(cls, engine) -> "PromptBuilder":
+        return cls(engine.tokenizer, engine.chat_template, engine.vision,
+                   engine.parity.turn_opener(engine.chat_template, engine.tokenizer))
+
+    def check_images(self, n_images: int) -> None:
+        """Refuse images up front (before fetching them) when the model has no projector."""
+        if n_images and self.vision is None:
+            raise ImagesNotSupported("this model does not support images (start the server with --mmproj)")
+
+    def chat(self, messages: list[dict], tools=None, images: list = ()) -> Prompt:
+        """Chat messages (image parts as media markers) -> Prompt."""
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
+        prompt = self.build(text, images)
+        bos = self.tokenizer.bos_id
+        ids = prompt.tokens
+        # a template that writes the BOS text itself, plus add_special: one BOS only
+        if not prompt.images and len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
+            prompt = Prompt(ids[1:], [], turn_starts(ids[1:], (), self.turn_opener))
+        return prompt
+
+    def build(self, text: str, images: list = ()) -> Prompt:
+        """Rendered chat text with one media marker per image -> Prompt.
+
+        images: (sha256, PIL image) pairs in marker order. Without images the text is
+        tokenized as llama-server does (BOS per the model, special tokens parsed).
+        """
+        parts = text.split(MEDIA_MARKER)
+        if len(parts) - 1 != len(images):
+            raise ValueError(f"the prompt has {len(parts) - 1} image markers for {len(images)} images")
+        if not images:
+            ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
+            return Prompt(ids, [], turn_starts(ids, (), self.turn_opener))
+        self.check_images(len(images))
+        pieces = [parts[0]]
+        for (sha, image), after in zip(images, parts[1:]):
+            pieces.append((sha, self.vision.preprocess(image)))
+            pieces.append(after)
+        ids, spans = arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile)
+        return Prompt(ids, spans, turn_starts(ids, spans, self.turn_opener))

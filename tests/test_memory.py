@@ -1,0 +1,115 @@
+"""Memory for every model family: positions with several dimensions per token in
+the KV cache (M-RoPE), and a recurrent state per sequence (hybrid models)."""
+import numpy as np
+import pytest
+
+from ggserve.models.memory import LayerKV, LayerRecurrent
+from ggserve.native import ggml
+from ggserve.server.kv_cache import KVCache
+from ggserve.server.memory import Memory
+from ggserve.server.recurrent_state import RecurrentState
+from ggserve.server.sequence import Request, Sequence
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = ggml.Backend(n_threads=1, use_gpu=False)
+    yield b
+    b.close()
+
+
+def _mrope_positions(n_text: int, grid: tuple[int, int], n_after: int) -> np.ndarray:
+    """[4, n] as Qwen2-VL lays them out: text tokens p,p,p,0; an image's rows share
+    its temporal position and count its grid's rows and columns."""
+    rows, cols = grid
+    t = list(range(n_text))
+    pos = [[p, p, p, 0] for p in t]
+    base = n_text
+    pos += [[base, base + r, base + c, 0] for r in range(rows) for c in range(cols)]
+    after = base + max(rows, cols)
+    pos += [[p, p, p, 0] for p in range(after, after + n_after)]
+    return np.array(pos, dtype=np.int32).T.copy()
+
+
+def test_mrope_positions_round_trip_through_the_cache(backend):
+    positions = _mrope_positions(5, (2, 3), 4)                 # 15 tokens
+    kv = KVCache(backend, [LayerKV(8, 8, backend.cpu)], 256, n_regions=2, n_pos=4)
+    cells = kv.find_cells_for([0], [15])
+    kv.commit(cells, np.zeros(15, dtype=np.int64), positions)
+    assert np.array_equal(kv.positions_of(cells), positions)
+    assert kv.seq_copy(backend, 0, 1, int(positions[0].max()) + 1) is False   # positions are not 0..n-1
+    kv.seq_cp(0, 1, 0, 6)                                     # share the cells of temporal position < 6
+    shared = np.flatnonzero((kv.seqs >> np.uint64(1)) & np.uint64(1))
+    assert np.array_equal(kv.positions_of(shared), positions[:, :11])    # 5 text + 6 image rows at t=5
+    kv.seq_rm(0, 5)                                           # cut at temporal position 5
+    kept = np.flatnonzero((kv.seqs >> np.uint64(0)) & np.uint64(1))
+    assert np.array_equal(kv.positions_of(kept), positions[:, :5])
+
+
+def test_a_sequence_continues_mrope_positions_after_its_prompt():
+    positions = _mrope_positions(5, (2, 3), 4)
+    seq = Sequence(Request("m", list(range(15)), positions=positions))
+    assert np.array_equal(seq.positions(0, 15), positions)
+    seq.tokens += [7, 8]                                       # two generated tokens
+    # the prompt ends at 8 + 3 (after the image: 5 + max(2, 3)); generation goes on from there
+    assert seq.positions(14, 3).T.tolist() == [[11, 11, 11, 0], [12, 12, 12, 0], [13, 13, 13, 0]]
+
+
+def test_text_positions_are_token_indices():
+    seq = Sequence(Request("t", list(range(6))))
+    assert seq.positions(2, 3).tolist() == [[2, 3, 4]]
+
+
+def _row(state: RecurrentState, il: int, i: int, seq: int) -> np.ndarray:
+    return state.tensors[(il, i)].read().reshape(-1, state.tensors[(il, i)].ne[0])[seq]
+
+
+def _fill(state: RecurrentState, seq: int, value: float) -> None:
+    for t in state.tensors.values():
+        t.write(np.full(t.ne[0], value, dtype=np.float32), seq * t.ne[0] * 4)
+
+
+def test_recurrent_state_allocates_copies_and_frees_per_sequence(backend):
+    # a fake recurrent layer between two attention layers: two state tensors per sequence
+    layers = [None, LayerRecurrent((6, 10), backend.cpu), None]
+    state = RecurrentState(backend, layers, n_seqs=3)
+    assert state.nbytes_by_device()["CPU"] >= (6 + 10) * 4 * 3 * 2
+    state.alloc(0)
+    _fill(state, 0, 1.5)
+    state.advance([0], [7])
+    state.alloc(2)
+    assert not _row(state, 1, 1, 2).any()
+    state.copy(0, 2)
+    assert np.all(_row(state, 1, 0, 2) == 1.5) and np.all(_row(state, 1, 1, 2) == 1.5)
+    assert state.pos[2] == 7 and state.can_keep(2, 7) and not state.can_keep(2, 5)
+    state.free(2)
+    assert not state.in_use[2] and not state.can_keep(2, 7)
+    state.alloc(2)
+    assert not _row(state, 1, 0, 2).any()
+    state.close()
+
+
+def test_recurrent_state_rolls_back_to_its_checkpoint(backend):
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=2)
+    state.alloc(1)
+    _fill(state, 1, 2.0)
+    state.advance([1], [3])
+    state.checkpoint([1])
+    _fill(state, 1, 9.0)                    # a step that then fails
+    state.advance([1], [5])
+    state.rollback(1)
+    assert np.all(_row(state, 0, 0, 1) == 2.0) and state.pos[1] == 3
+    state.close()
+
+
+def test_a_hybrid_model_keeps_a_cached_prefix_only_where_its_state_ends(backend):
+    specs = [LayerKV(8, 8, backend.cpu), LayerRecurrent((4,), backend.cpu)]
+    mem = Memory(backend, specs, kv_size=64, n_seqs=2, type_k=ggml.F16, type_v=ggml.F16)
+    mem.keep(0, 0)
+    cells = mem.begin_step([0], [10], np.zeros(10, dtype=np.int64), np.arange(10, dtype=np.int32), None)
+    mem.end_step([0], [10])
+    assert len(cells) == 10 and mem.recurrent.pos[0] == 10
+    assert mem.reusable(0, 10) == 10 and mem.reusable(0, 6) == 0
+    assert mem.take_prefix(0, 1, 10) and mem.recurrent.pos[1] == 10 and mem.n_used == 20
+    assert not mem.take_prefix(0, 1, 6) and mem.recurrent.pos[1] == 0
+    mem.close()
