@@ -47,23 +47,24 @@ class Memory:
             return n
         return 0
 
-    def keep(self, seq: int, n: int) -> None:
-        """seq keeps its first n tokens (n from `reusable`) and drops the rest."""
-        self.kv.seq_rm(seq, n)
+    def keep(self, seq: int, n: int, pos: int) -> None:
+        """seq keeps its first n tokens (n from `reusable`), those before position pos,
+        and drops the rest."""
+        self.kv.seq_rm(seq, pos)
         if self.recurrent is not None and n == 0:
             self.recurrent.alloc(seq)
 
-    def take_prefix(self, src: int, dst: int, n: int) -> bool:
-        """dst drops what it holds and gets src's first n tokens; False (dst left
-        empty) when the recurrent state of src is not at n."""
+    def take_prefix(self, src: int, dst: int, n: int, pos: int) -> bool:
+        """dst drops what it holds and gets src's first n tokens (those before
+        position pos); False (dst left empty) when the recurrent state of src is not at n."""
         self.kv.seq_rm(dst)
         if self.recurrent is not None:
             if not self.recurrent.can_keep(src, n):
                 self.recurrent.alloc(dst)
                 return False
             self.recurrent.copy(src, dst)
-        if n and not self.kv.seq_copy(self.backend, src, dst, n):
-            self.kv.seq_cp(src, dst, 0, n)       # no room to copy: share the cells
+        if n and not self.kv.seq_copy(self.backend, src, dst, pos):
+            self.kv.seq_cp(src, dst, 0, pos)     # no room to copy (or not one cell per position): share
         return True
 
     def free(self, seq: int) -> None:

@@ -26,9 +26,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _whole_images(seq: Sequence, n: int) -> int:
-    """n, or the start of the bidirectional image n falls in: an image is taken whole or not at all."""
+    """n, or the start of the image n falls in when that image is taken whole or not
+    at all: bidirectional spans, and any image of a model whose image rows share
+    positions (M-RoPE: memory is cut by position)."""
     span = seq.span_at(n)
-    return span.start if span is not None and span.bidirectional else n
+    return span.start if span is not None and (span.bidirectional or seq.n_pos > 1) else n
+
+
+def _cut_position(seq: Sequence, n: int) -> int:
+    """The position memory is cut at to keep seq's first n tokens (its n-th token's)."""
+    return n if seq.n_pos == 1 else int(seq.positions(n, 1)[0, 0])
 
 
 class PrefixCache:
@@ -58,10 +65,10 @@ class PrefixCache:
         reuse = _whole_images(seq, min(shared[src], len(prompt) - 1))
         if src == slot:
             reuse = self.memory.reusable(slot, reuse)
-            self.memory.keep(slot, reuse)
-        elif not (reuse > 0 and self.memory.take_prefix(src, slot, reuse)):
+            self.memory.keep(slot, reuse, _cut_position(seq, reuse))
+        elif not (reuse > 0 and self.memory.take_prefix(src, slot, reuse, _cut_position(seq, reuse))):
             reuse = 0
-            self.memory.keep(slot, 0)
+            self.memory.keep(slot, 0, 0)
         seq.slot = slot
         seq.n_computed = seq.n_cached = reuse
         self.running[slot] = seq
@@ -87,7 +94,8 @@ class PrefixCache:
             if leader is None or best - b.n_computed < SHARE_MIN_TOKENS:
                 continue
             ready = _whole_images(b, min(best, leader.n_computed))
-            if ready - b.n_computed >= SHARE_MIN_TOKENS and self.memory.take_prefix(leader.slot, b.slot, ready):
+            if ready - b.n_computed >= SHARE_MIN_TOKENS and \
+                    self.memory.take_prefix(leader.slot, b.slot, ready, _cut_position(b, ready)):
                 b.n_computed = b.n_cached = ready
             if leader.n_computed < best:
                 held.add(b.id)

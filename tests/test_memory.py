@@ -105,11 +105,11 @@ def test_recurrent_state_rolls_back_to_its_checkpoint(backend):
 def test_a_hybrid_model_keeps_a_cached_prefix_only_where_its_state_ends(backend):
     specs = [LayerKV(8, 8, backend.cpu), LayerRecurrent((4,), backend.cpu)]
     mem = Memory(backend, specs, kv_size=64, n_seqs=2, type_k=ggml.F16, type_v=ggml.F16)
-    mem.keep(0, 0)
+    mem.keep(0, 0, 0)
     cells = mem.begin_step([0], [10], np.zeros(10, dtype=np.int64), np.arange(10, dtype=np.int32), None)
     mem.end_step([0], [10])
     assert len(cells) == 10 and mem.recurrent.pos[0] == 10
     assert mem.reusable(0, 10) == 10 and mem.reusable(0, 6) == 0
-    assert mem.take_prefix(0, 1, 10) and mem.recurrent.pos[1] == 10 and mem.n_used == 20
-    assert not mem.take_prefix(0, 1, 6) and mem.recurrent.pos[1] == 0
+    assert mem.take_prefix(0, 1, 10, 10) and mem.recurrent.pos[1] == 10 and mem.n_used == 20
+    assert not mem.take_prefix(0, 1, 6, 6) and mem.recurrent.pos[1] == 0
     mem.close()

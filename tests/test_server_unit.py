@@ -148,6 +148,7 @@ class Event:
     finish_reason: str | None
     n_prompt: int
     n_cached: int
+    error: str | None = None
 
 
 class FakeTokenizer:
@@ -249,6 +250,11 @@ class FakeEngine:
                 elif st[1] >= r.max_tokens:
                     finish = "length"
                 top = [(tok, -0.25), (ord("?"), -2.0)][: r.params.n_probs]
+                if st[1] == 3 and bytes(t for t in r.prompt if t < 256).find(b"BREAK") >= 0:
+                    # as the engine ends one request (an image that failed to encode)
+                    events.append(Event(rid, None, None, [], "error", len(r.prompt), 0, "tile failed"))
+                    del self.running[rid]
+                    continue
                 events.append(Event(rid, tok, -0.25, top, finish, len(r.prompt), 0))
                 if finish:
                     del self.running[rid]
@@ -485,3 +491,23 @@ def test_cli_default_model_and_help(capsys):
                  "--chat-template-file", "--metrics", "--mmproj", "LLAMA_ARG_CTX_SIZE"):
         assert flag in out
     assert cli.main(["bogus"]) == 2
+
+
+def test_a_request_the_engine_ends_gets_an_error_and_others_go_on(fake):
+    import concurrent.futures as cf
+    with cf.ThreadPoolExecutor(2) as pool:
+        ok = pool.submit(chat, fake, ignore_eos=True, max_tokens=40)
+        broken = chat(fake, messages=[{"role": "user", "content": "BREAK"}])
+        assert ok.result().status_code == 200
+    assert broken.status_code == 500
+    assert broken.json()["error"]["message"] == "tile failed"
+    assert fake.engine.stats()["running"] == 0
+
+
+def test_a_stream_the_engine_ends_carries_an_error_event(fake):
+    with httpx.stream("POST", fake.url + "/v1/chat/completions", timeout=30,
+                      json=chat_body(stream=True, messages=[{"role": "user", "content": "BREAK"}])) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert r.status_code == 200
+    assert json.loads(lines[-1][6:])["error"]["message"] == "tile failed"
+    assert chat(fake).status_code == 200
