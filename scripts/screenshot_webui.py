@@ -48,7 +48,7 @@ def wait(fn, timeout: float, what: str):
 
 
 def chat(driver, messages: list[str], max_tokens: int) -> None:
-    driver.find_element(By.ID, "new-chat").click()
+    driver.execute_script("document.querySelector('#new-chat').click()")  # in the drawer on phones
     driver.find_element(By.ID, "toggle-settings").click()
     for field, value in (("temperature", 0), ("max_tokens", max_tokens)):
         box = driver.find_element(By.ID, field)

@@ -279,6 +279,8 @@ def test_phone_width(browser, server):
         assert send["x"] + send["width"] <= 390
         browser.find_element(By.ID, "toggle-sidebar").click()
         wait_for(lambda: side() > 100, what="the drawer to open")
+        browser.find_element(By.ID, "send").click()          # beside the drawer (nothing to send)
+        wait_for(lambda: side() <= 0, what="the drawer to close")
     finally:
         browser.set_window_size(1200, 900)
 

@@ -59,9 +59,8 @@ function cells(row) {
 }
 
 function codeBlock(code, lang) {
-  const label = lang ? `<span class="lang">${escapeHtml(lang)}</span>` : "";
-  return `<div class="codeblock">${label}<button type="button" class="copy">Copy</button>` +
-    `<pre><code>${escapeHtml(code)}</code></pre></div>`;
+  return `<div class="codeblock"><div class="bar"><span class="lang">${escapeHtml(lang)}</span>` +
+    `<button type="button" class="copy">Copy</button></div><pre><code>${escapeHtml(code)}</code></pre></div>`;
 }
 
 function table(lines, i, out) {
@@ -620,7 +619,7 @@ function autosize() {
 }
 
 function copyCode(button) {
-  const code = button.parentElement.querySelector("code").textContent;
+  const code = button.closest(".codeblock").querySelector("code").textContent;
   const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy"; }, 1200); };
   if (navigator.clipboard && window.isSecureContext) {
     navigator.clipboard.writeText(code).then(done, () => notice("Copy failed"));
@@ -665,7 +664,11 @@ function init() {
     select(conv.id);
     $("#input").focus();
   });
-  $("#toggle-sidebar").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
+  $("#toggle-sidebar").addEventListener("click", (e) => {
+    e.stopPropagation();
+    document.body.classList.toggle("sidebar-open");
+  });
+  $("#main").addEventListener("click", () => document.body.classList.remove("sidebar-open")); // the drawer closes
   $("#toggle-settings").addEventListener("click", () => toggleSettings());
   $("#system").addEventListener("input", (e) => { current().system = e.target.value; save(); });
   for (const k of SAMPLING) $(`#${k}`).addEventListener("input", (e) => { current()[k] = e.target.value; save(); });
