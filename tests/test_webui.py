@@ -201,6 +201,7 @@ def test_stop_mid_answer_ends_the_stream_and_frees_the_sequence(browser, server)
     text = answer_text(browser)
     wait_for(lambda: server.metric("ggserve_requests_running") == 0, timeout=5,
              what="the server to drop the sequence")
+    assert server.metric("ggserve_requests_waiting") == 0
     time.sleep(0.3)
     assert answer_text(browser) == text    # nothing more arrived
     assert last_error(browser) == ""
