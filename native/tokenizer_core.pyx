@@ -120,11 +120,15 @@ cdef class BPECore:
     cdef unordered_map[string, int] vocab
     cdef unordered_map[string, int] ranks
     cdef bint ignore_merges
+    cdef bint has_byte_ids
+    cdef int byte_ids[256]
     cdef vector[Symbol] symbols
     cdef vector[Pair] heap
 
-    def __init__(self, list tokens, list merges, bint ignore_merges=False):
-        """tokens: token texts as bytes, by id; merges: b"left right" lines by rank."""
+    def __init__(self, list tokens, list merges, bint ignore_merges=False, list byte_ids=None):
+        """tokens: token texts as bytes, by id; merges: b"left right" lines by rank;
+        byte_ids: id per byte (-1 if none) for vocabularies whose unmatched pieces fall
+        back to <0xXX> tokens (raw UTF-8 BPE, e.g. gemma-4); None: single-byte texts."""
         cdef int i
         cdef bytes t
         for i in range(len(tokens)):
@@ -134,6 +138,9 @@ cdef class BPECore:
             t = merges[i]
             self.ranks.insert((t, i))
         self.ignore_merges = ignore_merges
+        self.has_byte_ids = byte_ids is not None
+        for i in range(256):
+            self.byte_ids[i] = byte_ids[i] if byte_ids is not None else -1
 
     cdef void _try_pair(self, const string & word, int left, int right):
         if left == -1 or right == -1:
@@ -185,6 +192,10 @@ cdef class BPECore:
             it = self.vocab.find(piece)
             if it != self.vocab.end():
                 out.append(deref(it).second)
+            elif self.has_byte_ids:
+                for j in range(<int>piece.size()):
+                    if self.byte_ids[<unsigned char>piece[j]] >= 0:
+                        out.append(self.byte_ids[<unsigned char>piece[j]])
             else:
                 # llama.cpp: look each byte of the piece up on its own, drop misses
                 for j in range(<int>piece.size()):

@@ -39,9 +39,14 @@ def _utf8(text: str) -> bytes:
 class BPE:
     def __init__(self, vocab: Vocab):
         self._pre = PreTokenizer(vocab.pre.regexes)
+        self._spm_style = vocab.pre.spm_style
+        byte_ids = None
+        if self._spm_style:
+            byte_ids = [vocab.token_to_id.get(f"<0x{b:02X}>", -1) for b in range(256)]
+            self._vocab = vocab.token_to_id
         self._core = BPECore([_utf8(t) for t in vocab.tokens],
                              [_utf8(m) for m in vocab.merges],
-                             vocab.pre.ignore_merges)
+                             vocab.pre.ignore_merges, byte_ids)
         self._cache: dict[str, list[int]] = {}
 
     def encode(self, text: str, out: list[int]) -> None:
@@ -49,6 +54,9 @@ class BPE:
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             cache.clear()
+        if self._spm_style:
+            self._encode_spm_style(text, out)
+            return
         encode_word = self._core.encode_word
         for word in self._pre.split(text):
             ids = cache.get(word)
@@ -57,9 +65,23 @@ class BPE:
                 ids = cache[word] = encode_word(raw.encode("utf-8"))
             out.extend(ids)
 
-    @staticmethod
-    def piece(text: str) -> bytes:
-        """Bytes of a normal token: undo the byte alphabet (llama_decode_text)."""
+    def _encode_spm_style(self, text: str, out: list[int]) -> None:
+        """Gemma 4: spaces escaped to U+2581, merges over whole lines of raw UTF-8;
+        a run of newlines that is a token is taken whole (llama.cpp PR 21343)."""
+        cache = self._cache
+        for word in self._pre.split(text.replace(" ", "\u2581")):
+            ids = cache.get(word)
+            if ids is None:
+                whole = self._vocab.get(word) if word.strip("\n") == "" else None
+                ids = [whole] if whole is not None else self._core.encode_word(_utf8(word))
+                cache[word] = ids
+            out.extend(ids)
+
+    def piece(self, text: str) -> bytes:
+        """Bytes of a normal token: undo the byte alphabet (llama_decode_text), or
+        for SPM-style vocabularies unescape U+2581."""
+        if self._spm_style:
+            return _utf8(text.replace("\u2581", " "))
         out = bytearray()
         for ch in text:
             b = CHAR_TO_BYTE.get(ch)

@@ -25,6 +25,9 @@ LLAMA3 = (_CONTRACTIONS_CI + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = (_CONTRACTIONS_CI + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5: combining marks stay inside words
+QWEN35 = (_CONTRACTIONS_CI + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+          r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CASED_WORDS = (
     r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS_CI + "?"
     r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS_CI + "?"
@@ -71,6 +74,9 @@ class PreSpec:
     clean_spaces: bool = True
     ignore_merges: bool = False
     add_bos: bool | None = None  # default before the GGUF's add_bos_token, None: keep
+    # SPM-style BPE (gemma-4): spaces become U+2581, words are raw UTF-8 (no GPT-2
+    # byte alphabet) and a piece without a token falls back to <0xXX> byte tokens
+    spm_style: bool = False
 
 
 def _spec(regexes, **kw) -> PreSpec:
@@ -96,10 +102,12 @@ for _names, _spec_ in [
     (("trillion", "granite-docling"), _spec(GPT2, clean_spaces=False)),
     (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"),
      _spec(QWEN2, clean_spaces=False)),
+    (("qwen35",), _spec(QWEN35, clean_spaces=False)),
     (("megrez", "stablelm2"), _spec(QWEN2)),
     (("chatglm-bpe", "glm4"), _spec(LLAMA3)),
     (("tekken",), _spec(TEKKEN, clean_spaces=False, ignore_merges=True, add_bos=True)),
     (("gpt-4o", "llama4", "kanana2", "minimax-m2"), _spec(GPT4O, clean_spaces=False)),
+    (("gemma4",), _spec([r"[^\n]+|[\n]+"], spm_style=True)),
     (("poro-chat",), _spec(BLOOM, clean_spaces=False)),
     (("bloom", "gpt3-finnish"), _spec(BLOOM)),
     (("viking",), _spec([BLOOM[0], r"\p{N}"], clean_spaces=False)),

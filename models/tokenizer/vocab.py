@@ -81,16 +81,16 @@ class Vocab:
             ids = {"bos": 1, "eos": 2, "unk": 0}
             self.add_space_prefix, self.add_bos, self.clean_spaces = True, True, False
             self.pre = PreSpec((), clean_spaces=False)
-        elif kind == "gpt2":
+        elif kind in ("gpt2", "gemma4"):
             self.model = "bpe"
-            ids = {"bos": 11, "eos": 11}
+            ids = {"bos": 11, "eos": 11} if kind == "gpt2" else {}
             self.add_space_prefix, self.add_bos, self.clean_spaces = False, False, True
-            self.pre = _pre_spec(get("pre"))
+            self.pre = PRE_TYPES["gemma4"] if kind == "gemma4" else _pre_spec(get("pre"))
             self.clean_spaces = self.pre.clean_spaces
             if self.pre.add_bos is not None:
                 self.add_bos = self.pre.add_bos
         else:
-            raise ValueError(f"unsupported tokenizer model {kind!r} (want 'gpt2' or 'llama')")
+            raise ValueError(f"unsupported tokenizer model {kind!r} (want 'gpt2', 'gemma4' or 'llama')")
         self.add_eos = False
         self.merges: list[str] = list(get("merges") or [])
         self.add_space_prefix = bool(get("add_space_prefix", self.add_space_prefix))
@@ -123,6 +123,8 @@ class Vocab:
             v = get(key)
             if v is not None:
                 setattr(self, flag, bool(v))
+        if kind == "gemma4":
+            self.add_bos = True   # llama.cpp overrides a false add_bos_token for Gemma 4 (its PR 21500)
 
         self._detect_specials()
         self.eog: frozenset[int] = self._eog_ids()
