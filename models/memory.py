@@ -18,12 +18,20 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class LayerKV:
-    """What one attention layer stores per token: K and V row widths, its device, its window."""
+    """What one attention layer stores per token: K and V row widths, its device, and
+    which cells a token sees besides causality: the last `sliding_window` positions
+    (0: all), or only those of its own `chunk`-position chunk (llama4's chunked
+    attention; 0: no chunks)."""
 
     n_embd_k: int
     n_embd_v: int
     device: object
     sliding_window: int = 0     # 0: global attention
+    chunk: int = 0              # 0: not chunked
+
+    @property
+    def mask_kind(self) -> tuple[int, int]:
+        return self.sliding_window, self.chunk
 
 
 @dataclass(frozen=True)
@@ -38,8 +46,9 @@ class LayerRecurrent:
 class AttentionStep(Protocol):
     """One step's attention memory, as a model's forward pass uses it."""
 
-    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
-        """Store this batch's k, v for layer il and attend q over the sequence's cells."""
+    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0, sinks=None):
+        """Store this batch's k, v for layer il and attend q over the sequence's cells
+        (sinks: f32 [n_head] attention-sink logits, or None)."""
 
 
 class RecurrentStep(Protocol):

@@ -29,7 +29,10 @@ class Weights:
 # CPU backend may repack into its interleaved layouts (llama.cpp does, so must we
 # to round as it does). Not token_embd: it is read with get_rows.
 _MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
-                 "ffn_gate", "ffn_up", "ffn_down")
+                 "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
+                 "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                 # stacked experts, multiplied by mul_mat_id (repacked as llama.cpp repacks them)
+                 "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def matmul_weight_names(names) -> set[str]:

@@ -409,13 +409,16 @@ cdef class Graph:
             n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow))
 
     def flash_attn(self, Tensor q, Tensor k, Tensor v, Tensor mask, float scale,
-                   float max_bias=0.0, float softcap=0.0):
+                   float max_bias=0.0, float softcap=0.0, Tensor sinks=None):
         """q: [d, n_tokens, n_head], k/v: [d, n_kv, n_head_kv], mask f16 [n_kv, n_tokens]
-        -> [d, n_head, n_tokens]. Accumulates in f32 as llama.cpp does."""
+        -> [d, n_head, n_tokens]. Accumulates in f32 as llama.cpp does. sinks: f32
+        [n_head], one extra logit per head in the softmax's denominator (gpt-oss)."""
         cdef ggml_tensor * r = ggml_flash_attn_ext(self.ctx, q.ptr, k.ptr, v.ptr,
                                                    mask.ptr if mask is not None else NULL,
                                                    scale, max_bias, softcap)
         ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32)
+        if sinks is not None:
+            ggml_flash_attn_ext_add_sinks(r, sinks.ptr)
         return self._t(r)
 
     def conv_2d(self, Tensor kernel, Tensor x, int s0=1, int s1=1, int p0=0, int p1=0, int d0=1, int d1=1):
@@ -425,6 +428,27 @@ cdef class Graph:
         return self._t(ggml_pool_2d(self.ctx, a.ptr, <ggml_op_pool>op, k0, k1, s0, s1, p0, p1))
 
     def argmax(self, Tensor a): return self._t(ggml_argmax(self.ctx, a.ptr))
+
+    # -- mixture of experts ------------------------------------------------------
+
+    def mul_mat_id(self, Tensor experts, Tensor x, Tensor ids):
+        """experts: [k, m, n_expert], x: [k, n_x, n_tokens] (n_x 1 or n_used),
+        ids: i32 [n_used, n_tokens] -> [m, n_used, n_tokens]: x times each chosen expert."""
+        return self._t(ggml_mul_mat_id(self.ctx, experts.ptr, x.ptr, ids.ptr))
+    def add_id(self, Tensor a, Tensor b, Tensor ids):
+        """a: [m, n_used, n_tokens] plus row ids[j, t] of b ([m, n_expert]): per-expert biases."""
+        return self._t(ggml_add_id(self.ctx, a.ptr, b.ptr, ids.ptr))
+    def argsort_top_k(self, Tensor a, int k):
+        """i32 [k, rows]: the indices of each row's k largest values, largest first."""
+        return self._t(ggml_argsort_top_k(self.ctx, a.ptr, k))
+    def sigmoid(self, Tensor a): return self._t(ggml_sigmoid(self.ctx, a.ptr))
+    def sum_rows(self, Tensor a): return self._t(ggml_sum_rows(self.ctx, a.ptr))
+    def clamp(self, Tensor a, float lo, float hi): return self._t(ggml_clamp(self.ctx, a.ptr, lo, hi))
+    def swiglu_oai(self, Tensor gate, Tensor up, float alpha, float limit):
+        """gpt-oss's clamped SwiGLU: gate clamped above, up to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)."""
+        return self._t(ggml_swiglu_oai(self.ctx, gate.ptr, up.ptr, alpha, limit))
+    def repeat_4d(self, Tensor a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3=1):
+        return self._t(ggml_repeat_4d(self.ctx, a.ptr, ne0, ne1, ne2, ne3))
 
     # -- layout ------------------------------------------------------------------
 
@@ -599,14 +623,22 @@ cdef class Backend:
         return NULL
 
     cdef bint _repacks(self, ggml_backend_buffer_t probe, int type_, tuple ne):
-        """Would the CPU backend run mul_mat(w, x) with w of this type and shape
-        from the repack buffer? (Asked as llama.cpp asks: a probe op whose weight
-        sits in a buffer of that type.)"""
+        """Would the CPU backend run mul_mat(w, x) (mul_mat_id for a 3-D stack of
+        experts) with w of this type and shape from the repack buffer? (Asked as
+        llama.cpp asks: a probe op whose weight sits in a buffer of that type.)"""
         cdef Device cpu = self.devices[-1]
-        cdef ggml_context * ctx = _new_meta_context(3)
+        cdef ggml_context * ctx = _new_meta_context(4)
         cdef ggml_tensor * w = _new_tensor(ctx, type_, ne)
-        cdef ggml_tensor * x = _new_tensor(ctx, GGML_TYPE_F32, (ne[0], 512))
-        cdef ggml_tensor * op = ggml_mul_mat(ctx, w, x)
+        cdef ggml_tensor * x
+        cdef ggml_tensor * ids
+        cdef ggml_tensor * op
+        if len(ne) >= 3 and ne[2] > 1:
+            x = _new_tensor(ctx, GGML_TYPE_F32, (ne[0], 1, 512))
+            ids = _new_tensor(ctx, GGML_TYPE_I32, (1, 512))
+            op = ggml_mul_mat_id(ctx, w, x, ids)
+        else:
+            x = _new_tensor(ctx, GGML_TYPE_F32, (ne[0], 512))
+            op = ggml_mul_mat(ctx, w, x)
         w.buffer = probe
         cdef bint ok = ggml_backend_dev_supports_op(cpu.dev, op)
         w.buffer = NULL
@@ -644,8 +676,8 @@ cdef class Backend:
         try:
             for name, info in gguf_file.tensors.items():
                 dev = placement.get(name, self.cpu)
-                if probe != NULL and dev.is_cpu and name in repack and tuple(info.ne[2:]) in ((), (1,), (1, 1)) \
-                        and self._repacks(probe, info.ggml_type, info.ne):
+                if probe != NULL and dev.is_cpu and name in repack and tuple(info.ne[3:]) in ((), (1,)) \
+                        and self._repacks(probe, info.ggml_type, tuple(info.ne)):
                     repacked.append(info)
                 else:
                     by_device.setdefault(dev, []).append(info)

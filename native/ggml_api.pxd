@@ -126,6 +126,16 @@ cdef extern from "ggml.h":
     ggml_tensor * ggml_conv_2d(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, int s0, int s1, int p0, int p1, int d0, int d1)
     ggml_tensor * ggml_pool_2d(ggml_context * ctx, ggml_tensor * a, ggml_op_pool op, int k0, int k1, int s0, int s1, float p0, float p1)
     ggml_tensor * ggml_argmax(ggml_context * ctx, ggml_tensor * a)
+    # mixture of experts, attention sinks
+    ggml_tensor * ggml_mul_mat_id(ggml_context * ctx, ggml_tensor * as_, ggml_tensor * b, ggml_tensor * ids)
+    ggml_tensor * ggml_add_id(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * ids)
+    ggml_tensor * ggml_argsort_top_k(ggml_context * ctx, ggml_tensor * a, int k)
+    ggml_tensor * ggml_sigmoid(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_sum_rows(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_clamp(ggml_context * ctx, ggml_tensor * a, float min, float max)
+    ggml_tensor * ggml_swiglu_oai(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, float alpha, float limit)
+    ggml_tensor * ggml_repeat_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
+    void ggml_flash_attn_ext_add_sinks(ggml_tensor * a, ggml_tensor * sinks)
 
 
 cdef extern from "ggml-backend.h":

@@ -100,7 +100,9 @@ class GraphRunner:
             self.graph_builds += 1
         try:
             t = time.perf_counter()
-            self.backend.compute(built.graph, {built.inputs[name]: arr for name, arr in values.items()})
+            # (a plan's inputs are absent from graphs that never use them)
+            self.backend.compute(built.graph, {built.inputs[name]: arr for name, arr in values.items()
+                                               if name in built.inputs})
             self.last_compute_seconds = time.perf_counter() - t
             out = built.logits.read()
         finally:

@@ -157,7 +157,7 @@ class RowPlan:
             self.perm = self.inv = None
         # after the last layer keeps only the output rows, every row is a solo row
         self.out_calls = _chunks(0, n_outputs, solo_max)
-        self.t_perm = self.t_inv = None
+        self.t_perm = self.t_inv = self._g = None
 
     @property
     def key(self) -> tuple:
@@ -171,23 +171,33 @@ class RowPlan:
         return {f"mm_perm_{self.kind}": self.perm, f"mm_inv_{self.kind}": self.inv}
 
     def declare(self, g) -> None:
-        if self.perm is not None:
-            self.t_perm = g.input(f"mm_perm_{self.kind}", ggml.I32, (len(self.perm),))
-            self.t_inv = g.input(f"mm_inv_{self.kind}", ggml.I32, (self.n_tokens,))
+        """Start a graph: the permutation inputs are declared by the first product
+        that uses them (a model whose only such weight is its output matrix, applied
+        to the output rows alone, never does)."""
+        self.t_perm = self.t_inv = None
+        self._g = g
+
+    def _inputs(self):
+        if self.t_perm is None:
+            self.t_perm = self._g.input(f"mm_perm_{self.kind}", ggml.I32, (len(self.perm),))
+            self.t_inv = self._g.input(f"mm_inv_{self.kind}", ggml.I32, (self.n_tokens,))
+        return self.t_perm, self.t_inv
 
     def apply(self, g, w, x, full_batch: bool):
         calls = self.calls if full_batch else self.out_calls
-        if len(calls) == 1 and (not full_batch or self.t_perm is None):
+        permuted = full_batch and self.perm is not None
+        if len(calls) == 1 and not permuted:
             return g.mul_mat(w, x)
-        if full_batch and self.t_perm is not None:
-            x = g.get_rows(x, self.t_perm)
+        if permuted:
+            t_perm, t_inv = self._inputs()
+            x = g.get_rows(x, t_perm)
         outs = [g.mul_mat(w, g.view(x, (x.ne[0], n), (x.nb[1],), r0 * x.nb[1])) for r0, n in calls]
         while len(outs) > 1:
             outs = [g.concat(outs[i], outs[i + 1], 1) if i + 1 < len(outs) else outs[i]
                     for i in range(0, len(outs), 2)]
         out = outs[0]
-        if full_batch and self.t_inv is not None:
-            out = g.get_rows(out, self.t_inv)
+        if permuted:
+            out = g.get_rows(out, t_inv)
         return out
 
 

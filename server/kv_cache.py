@@ -65,7 +65,9 @@ class KVCache:
             tensors.update(buf.tensors)
         self.k = [tensors.get(f"cache_k_l{il}") for il in range(len(layers))]
         self.v = [tensors.get(f"cache_v_l{il}") for il in range(len(layers))]
-        self.has_swa = any(l is not None and l.sliding_window for l in layers)
+        # one mask per kind of layer: (sliding window, chunk), (0, 0) for global layers
+        self.mask_kinds = sorted({l.mask_kind for l in layers if l is not None})
+        self.has_swa = any(kind != (0, 0) for kind in self.mask_kinds)
 
     def close(self):
         for b in self.buffers:
@@ -250,12 +252,14 @@ class KVCache:
         return c0, c0 + n
 
     def build_mask(self, c0: int, c1: int, seq_ids: np.ndarray, positions: np.ndarray,
-                   spans: np.ndarray | None = None, window: int = 0) -> np.ndarray:
+                   spans: np.ndarray | None = None, window: int = 0, chunk: int = 0) -> np.ndarray:
         """f16 [n_tokens, c1 - c0]: 0 where token i may attend to cell c0 + j, -inf elsewhere.
 
         Call after commit(), so the batch's own cells are included. Causal within a
         sequence; with `window`, only the last `window` positions (llama.cpp's
-        standard sliding window: masked when pos_tok - pos_cell >= window); cells of
+        standard sliding window: masked when pos_tok - pos_cell >= window); with
+        `chunk`, only positions of the token's own chunk (llama.cpp's chunked
+        attention: masked when pos_cell < pos_tok // chunk * chunk); cells of
         the token's own bidirectional span are visible regardless of position.
         """
         cpos = self.pos[c0:c1][None, :]
@@ -268,6 +272,8 @@ class KVCache:
             visible |= (tspan != 0) & (self.span[c0:c1][None, :] == tspan)
         if window:
             visible &= (tpos - cpos) < window
+        if chunk:
+            visible &= cpos >= tpos // chunk * chunk
         visible &= (cseq & tbit) != 0
         mask = np.full(visible.shape, _NEG_INF, dtype=np.float16)
         mask[visible] = 0
@@ -282,16 +288,15 @@ class KVCache:
         """This step's cache inputs by name (call after commit): the cells to write,
         and per attention call its mask block."""
         values = {"kv_slots": cells.astype(np.int64)}
-        windows = [0] + ([max(l.sliding_window for l in self.layers if l is not None)] if self.has_swa else [])
-        for window, name in zip(windows, ("kq_mask", "kq_mask_swa")):
+        for window, chunk in self.mask_kinds:
             blocks = []
             for t0, t1, c0, c1, rows in calls:
                 m = self.build_mask(c0, c1, seq_ids[t0:t1], positions[t0:t1],
-                                    None if spans is None else spans[t0:t1], window)
+                                    None if spans is None else spans[t0:t1], window, chunk)
                 blocks.append(m.ravel())
                 if rows > t1 - t0:       # padding rows (see attention_calls): see every cell
                     blocks.append(np.zeros((rows - (t1 - t0)) * (c1 - c0), dtype=np.float16))
-            values[name] = np.concatenate(blocks)
+            values[_mask_name(window, chunk)] = np.concatenate(blocks)
         return values
 
     def declare(self, g, n_tokens: int, calls) -> "KVStep":
@@ -300,10 +305,14 @@ class KVCache:
         st = KVStep(self, calls)
         n_mask = sum(rows * (c1 - c0) for _, _, c0, c1, rows in calls)
         st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
-        st.mask = g.input("kq_mask", ggml.F16, (n_mask,))
-        if self.has_swa:
-            st.mask_swa = g.input("kq_mask_swa", ggml.F16, (n_mask,))
+        st.masks = {kind: g.input(_mask_name(*kind), ggml.F16, (n_mask,)) for kind in self.mask_kinds}
         return st
+
+
+def _mask_name(window: int, chunk: int) -> str:
+    if not (window or chunk):
+        return "kq_mask"
+    return f"kq_mask_w{window}_c{chunk}"
 
 
 class KVStep:
@@ -313,14 +322,14 @@ class KVStep:
         self.cache = cache
         self.calls = calls
         self.slots = None
-        self.mask = None
-        self.mask_swa = None
+        self.masks = {}       # (window, chunk) -> mask input
 
-    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0):
+    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0, sinks=None):
         """Store this batch's k, v for layer il, then attend q over the cache.
 
         q: [head_dim, n_head, n_tokens], k/v: [head_dim, n_head_kv, n_tokens]
-        -> [head_dim * n_head, n_tokens]
+        -> [head_dim * n_head, n_tokens]; sinks: f32 [n_head] attention-sink logits
+        (ggml's flash_attn_ext sinks, gpt-oss), or None.
         """
         cache = self.cache
         head_dim_k, n_head_kv, n_tokens = k.ne[0], k.ne[1], k.ne[2]
@@ -331,7 +340,7 @@ class KVStep:
 
         rk = ggml.row_size(cache.type_k, head_dim_k)
         rv = ggml.row_size(cache.type_v, head_dim_v)
-        mask = self.mask_swa if cache.layers[il].sliding_window else self.mask
+        mask = self.masks[cache.layers[il].mask_kind]
         outs, m_off = [], 0
         for t0, t1, c0, c1, rows in self.calls:
             cells = c1 - c0
@@ -343,7 +352,7 @@ class KVStep:
             vg = g.view(vc, (head_dim_v, cells, n_head_kv), (vc.nb[1], rv), c0 * vc.nb[1])
             mg = g.view(mask, (cells, rows), (cells * 2,), m_off * 2)
             m_off += rows * cells
-            o = g.flash_attn(qg, kg, vg, mg, scale, 0.0, softcap)  # [head_dim_v, n_head, rows]
+            o = g.flash_attn(qg, kg, vg, mg, scale, 0.0, softcap, sinks)  # [head_dim_v, n_head, rows]
             if rows > t1 - t0:
                 o = g.view(o, (o.ne[0], o.ne[1], t1 - t0), (o.nb[1], o.nb[2]), 0)
             outs.append(o)
