@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from . import schemas as S
-from .errors import APIError, invalid, model_not_found
+from .errors import APIError, invalid
 from .metrics import Metrics
 from .service import Service
 
@@ -46,15 +46,21 @@ class API:
             return self.service.engine.model_name
         return os.path.splitext(os.path.basename(self.cfg.model))[0]
 
-    def check_model(self, name: str | None) -> None:
-        if not name:
-            return
-        known = {self.model_id(), self.cfg.model, os.path.basename(self.cfg.model),
-                 os.path.splitext(os.path.basename(self.cfg.model))[0]}
-        if self.service.ready:
-            known.add(self.service.engine.model_name)
-        if name not in known:
-            raise model_not_found(name)
+    def check_fields(self, req: S._Sampling) -> None:
+        """Any `model` is accepted, as llama-server does (one model is served; SDKs and
+        tools ship names such as gpt-4o-mini). llama.cpp fields this server does not
+        do are refused by name rather than ignored."""
+        bad = req.unsupported()
+        if bad:
+            raise invalid(f"{bad} is not supported by this server", param=bad)
+
+    @property
+    def grammars(self):
+        """Grammar compiler for the model's vocabulary (built on first use)."""
+        if getattr(self, "_grammars", None) is None:
+            from .grammar import Grammars
+            self._grammars = Grammars(self.engine.tokenizer)
+        return self._grammars
 
     def check_auth(self, request: Request) -> None:
         if not self.cfg.api_keys or request.url.path in _PUBLIC:

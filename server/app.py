@@ -51,6 +51,10 @@ class ServerConfig:
     kernel_parity: bool = True
     media: MediaConfig = field(default_factory=MediaConfig)
     webui: bool = True
+    chat_template: str | None = None          # a built-in template's name (--chat-template)
+    reasoning_format: str = "auto"            # none | deepseek | auto
+    reasoning_budget: int = -1                # 0: no thinking
+    chat_template_kwargs: dict = field(default_factory=dict)
 
 
 def load_engine(cfg: ServerConfig):
@@ -61,6 +65,9 @@ def load_engine(cfg: ServerConfig):
     log.info("loading model %s (n_ctx=%d, n_parallel=%d, n_batch=%d, n_gpu_layers=%d)",
              cfg.model, cfg.n_ctx, cfg.n_parallel, cfg.n_batch, cfg.n_gpu_layers)
     template = None
+    if cfg.chat_template:
+        from ggserve.models.builtin_templates import BUILTIN
+        template = BUILTIN[cfg.chat_template]
     if cfg.chat_template_file:
         with open(cfg.chat_template_file, encoding="utf-8") as f:
             template = f.read()

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import sys
+
+from ggserve.models.builtin_templates import BUILTIN
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
 
@@ -113,6 +116,19 @@ def serve_parser() -> argparse.ArgumentParser:
     _flag(p, "--chat-template-file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE",
           metavar="JINJA_TEMPLATE_FILE",
           help="Jinja chat template to use instead of the model's")
+    _flag(p, "--chat-template", env="LLAMA_ARG_CHAT_TEMPLATE", metavar="NAME",
+          help="one of llama.cpp's built-in templates instead of the model's: "
+               + ", ".join(sorted(BUILTIN)))
+    _flag(p, "--jinja", env="LLAMA_ARG_JINJA", flag=True,
+          help="accepted for llama-server compatibility: templates are always Jinja")
+    _flag(p, "--chat-template-kwargs", env="LLAMA_CHAT_TEMPLATE_KWARGS", metavar="JSON",
+          help='extra template variables for every request, e.g. \'{"enable_thinking": false}\' '
+               "(a request's chat_template_kwargs win)")
+    _flag(p, "--reasoning-format", env="LLAMA_ARG_THINK", default="auto",
+          choices=["none", "deepseek", "auto"],
+          help="auto/deepseek: thinking goes to message.reasoning_content; none: it stays in content")
+    _flag(p, "--reasoning-budget", env="LLAMA_ARG_THINK_BUDGET", type=int, default=-1, metavar="N",
+          help="-1: think as the model likes; 0: no thinking (enable_thinking=false)")
     _flag(p, "--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", flag=True,
           help="enable the Prometheus /metrics endpoint")
     _flag(p, "--max-queue", env="GGSERVE_MAX_QUEUE", type=int, default=64, metavar="N",
@@ -138,6 +154,17 @@ def config_from_args(args):
         raise SystemExit(f"ggserve serve: model file not found: {model}")
     if args.mmproj and not os.path.exists(args.mmproj):
         raise SystemExit(f"ggserve serve: mmproj file not found: {args.mmproj}")
+    if args.chat_template and args.chat_template not in BUILTIN:
+        raise SystemExit(f"ggserve serve: unknown --chat-template {args.chat_template!r} "
+                         f"(built-in: {', '.join(sorted(BUILTIN))})")
+    try:
+        kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else {}
+    except ValueError as e:
+        raise SystemExit(f"ggserve serve: --chat-template-kwargs is not JSON: {e}")
+    if not isinstance(kwargs, dict):
+        raise SystemExit("ggserve serve: --chat-template-kwargs must be a JSON object")
+    if args.reasoning_budget not in (-1, 0):
+        raise SystemExit("ggserve serve: --reasoning-budget must be -1 or 0")
     for name in ("ctx_size", "parallel", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"ggserve serve: --{name.replace('_', '-')} must be >= 1")
@@ -150,7 +177,9 @@ def config_from_args(args):
         max_queue=args.max_queue, chat_template_file=args.chat_template_file,
         mmproj=args.mmproj, image_cache_mb=args.image_cache_mb, max_stall_ms=args.max_stall_ms,
         kernel_parity=not args.no_kernel_parity,
-        webui=not args.no_webui,
+        webui=not args.no_webui, chat_template=args.chat_template,
+        reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
+        chat_template_kwargs=kwargs,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,

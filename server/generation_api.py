@@ -11,6 +11,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from . import schemas as S
 from .api import API
+from .chat_options import ChatOptions, chat_options, compile_grammar, completion_options
+from .chat_output import Format, shown_tokens
 from .errors import APIError, invalid, to_api_error
 from .media import MediaError, load_image
 from .prompts import Prompt
@@ -18,7 +20,7 @@ from .request_errors import RequestError
 from .service import Job
 
 
-async def chat_prompt(api: API, req: S.ChatCompletionRequest):
+async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions):
     """Messages -> Prompt. Image parts are fetched/decoded (server/media.py) and
     become the media marker in the rendered template; the service's prompt
     builder arranges their embedding rows as llama.cpp's mtmd does."""
@@ -51,7 +53,7 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest):
                           param=f"messages.{i}.content")
         if msg["content"] is None:
             msg["content"] = ""
-        for k in ("name", "tool_calls", "tool_call_id"):
+        for k in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             if getattr(m, k) is not None:
                 msg[k] = getattr(m, k)
         msgs.append(msg)
@@ -65,7 +67,9 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest):
             raise e.api_error(param) from None
         images.append((loaded.sha256, loaded.image))
     try:
-        return await api.service.chat_prompt(msgs, req.tools, images)
+        return await api.service.chat_prompt(
+            opts.messages(msgs), opts.tools, images, template_kwargs=opts.template_kwargs,
+            continue_final=msgs[-1]["role"] == "assistant")   # prefill: continue it
     except RequestError:
         raise
     except ValueError as e:
@@ -73,13 +77,22 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest):
 
 async def chat(api: API, request: Request) -> Response:
     req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
-    api.check_model(req.model)
+    api.check_fields(req)
     api.check_n(req.n)
-    prompt = await chat_prompt(api, req)
+    if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
+        req.logprobs, req.top_logprobs = True, req.n_probs
+    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
+    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, opts)
+    prompt = await chat_prompt(api, req, opts)
     n_probs = max(req.top_logprobs or 0, 1) if req.logprobs else 0
     params = api.sampling(req, n_probs, req.n)
+    for p in params:
+        p.grammar = grammar
+    fmt = opts.fmt or Format()
     job = await api.service.submit([prompt] * req.n, params, req.limit,
-                                    ignore_eos=req.ignore_eos, stops=req.stop)
+                                    ignore_eos=req.ignore_eos, stops=req.stop,
+                                    output=opts.output(prompt.text),
+                                    show_tokens=shown_tokens(api.engine.tokenizer, fmt))
     k = req.top_logprobs or 0
     rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
 
@@ -89,21 +102,27 @@ async def chat(api: API, request: Request) -> Response:
 
     if not req.stream:
         texts = [[] for _ in range(req.n)]
+        reasoning = [[] for _ in range(req.n)]
         lps = [[] for _ in range(req.n)]
         finish = [None] * req.n
 
         async def collect():
             async for i, d in job:
                 texts[i].append(d.text)
+                reasoning[i].append(d.reasoning)
                 if req.logprobs:
                     lps[i].extend(lp_entries(d.logprobs))
                 if d.finish_reason:
                     finish[i] = d.finish_reason
 
         await unless_disconnected(request, job, collect())
-        choices = [S.chat_choice(i, "".join(texts[i]), finish[i],
-                                 lps[i] if req.logprobs else None)
-                   for i in range(req.n)]
+        choices = []
+        for i in range(req.n):
+            calls = job.choices[i].output.calls if job.choices[i].output else []
+            text = "".join(texts[i])
+            choices.append(S.chat_choice(i, None if calls and not text else text, finish[i],
+                                         lps[i] if req.logprobs else None,
+                                         "".join(reasoning[i]), calls))
         return JSONResponse(S.chat_completion(
             rid, model, created, choices,
             S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)))
@@ -116,10 +135,16 @@ async def chat(api: API, request: Request) -> Response:
                                {"role": "assistant", "content": ""},
                                with_usage=usage_on)
         async for i, d in job:
-            if d.text or d.logprobs:
+            if d.reasoning:
+                yield S.chat_chunk(rid, model, created, i, {"reasoning_content": d.reasoning},
+                                   with_usage=usage_on)
+            if d.text or (req.logprobs and d.logprobs):
                 yield S.chat_chunk(rid, model, created, i,
                                    {"content": d.text} if d.text else {},
                                    logprobs=lp_entries(d.logprobs) if req.logprobs else None,
+                                   with_usage=usage_on)
+            if d.tool_calls:
+                yield S.chat_chunk(rid, model, created, i, {"tool_calls": d.tool_calls},
                                    with_usage=usage_on)
             if d.finish_reason:
                 yield S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
@@ -155,14 +180,19 @@ def completion_prompts(api: API, req: S.CompletionRequest) -> list[list[int]]:
 
 async def completions(api: API, request: Request) -> Response:
     req = S.CompletionRequest.model_validate(await api.json_body(request))
-    api.check_model(req.model)
+    api.check_fields(req)
     api.check_n(req.n)
+    if req.n_probs and req.logprobs is None:
+        req.logprobs = req.n_probs
     prompts = completion_prompts(api, req)
     if len(prompts) * req.n > api.cfg.n_parallel:
         raise invalid(f"prompts × n must be at most {api.cfg.n_parallel}", param="n")
     want_lp = req.logprobs is not None
     k = req.logprobs or 0
     params = api.sampling(req, max(k, 1) if want_lp else 0, req.n)
+    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
+    for p in params:
+        p.grammar = grammar
     per_choice = [p for p in prompts for _ in range(req.n)]
     job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop)

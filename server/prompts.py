@@ -18,6 +18,7 @@ class Prompt:
     tokens: list[int]
     images: list = field(default_factory=list)   # TileSpans: image rows within `tokens`
     turn_starts: tuple = ()                      # server/kernel_parity.py
+    text: str = ""                               # the rendered chat text (chat prompts)
 
 
 class PromptBuilder:
@@ -37,15 +38,21 @@ class PromptBuilder:
         if n_images and self.vision is None:
             raise ImagesNotSupported("this model does not support images (start the server with --mmproj)")
 
-    def chat(self, messages: list[dict], tools=None, images: list = ()) -> Prompt:
-        """Chat messages (image parts as media markers) -> Prompt."""
-        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
+    def chat(self, messages: list[dict], tools=None, images: list = (), *,
+             template_kwargs: dict | None = None, continue_final: bool = False) -> Prompt:
+        """Chat messages (image parts as media markers) -> Prompt. continue_final:
+        the last (assistant) message is left open for the model to continue."""
+        extra = dict(template_kwargs or {})
+        if continue_final:
+            extra["continue_final_message"] = True
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools, **extra)
         prompt = self.build(text, images)
+        prompt.text = text
         bos = self.tokenizer.bos_id
         ids = prompt.tokens
         # a template that writes the BOS text itself, plus add_special: one BOS only
         if not prompt.images and len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
-            prompt = Prompt(ids[1:], [], turn_starts(ids[1:], (), self.turn_opener))
+            prompt = Prompt(ids[1:], [], turn_starts(ids[1:], (), self.turn_opener), text)
         return prompt
 
     def build(self, text: str, images: list = ()) -> Prompt:

@@ -37,6 +37,7 @@ class SamplingParams:
     seed: int | None = None    # None: random seed
     logit_bias: dict[int, float] = field(default_factory=dict)   # -inf bans a token
     n_probs: int = 0           # top-N logprobs to report (0 = none)
+    grammar: object = None     # server/grammar.py Grammar: constrains the tokens drawn
 
     def __post_init__(self):
         self.validate()      # the one place sampling fields are checked
@@ -105,19 +106,26 @@ class SequenceSampler:
         p = params
         self._penalised = p.repeat_last_n != 0 and (
             p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
+        self.constraint = None
         for tok in prompt_tokens:
             self.accept(tok)
+        if params.grammar is not None:    # its first mask starts computing now
+            self.constraint = params.grammar.matcher()
 
     def accept(self, token: int) -> None:
-        """Record a token (prompt or generated) in the history used by the penalties."""
+        """Record a token (prompt or generated) in the history used by the penalties;
+        a generated one also advances the grammar (which starts its next mask)."""
         self._history.append(int(token))
         if self.params.repeat_last_n < 0:
             self._counts[int(token)] += 1
+        if self.constraint is not None:
+            self.constraint.accept(token)
 
     @property
     def adjusts_logits(self) -> bool:
-        """True when logit_bias or a penalty would change this step's logits."""
-        return bool(self._bias_ids.size) or (self._penalised and bool(self._history))
+        """True when logit_bias, a penalty or a grammar would change this step's logits."""
+        return bool(self._bias_ids.size) or (self._penalised and bool(self._history)) \
+            or self.constraint is not None
 
     def _window_counts(self) -> tuple[np.ndarray, np.ndarray]:
         if self.params.repeat_last_n < 0:
@@ -128,13 +136,20 @@ class SequenceSampler:
         return np.unique(window, return_counts=True)
 
     def adjust(self, row: np.ndarray) -> None:
-        """Apply logit_bias, then the penalties, to one float32 row in place."""
+        """Apply logit_bias, the penalties, then the grammar's mask to one float32 row in place."""
         n_vocab = row.shape[0]
         if self._bias_ids.size:
             ok = self._bias_ids < n_vocab
             row[self._bias_ids[ok]] += self._bias_vals[ok]
-        if not (self._penalised and self._history):
-            return
+        if self._penalised and self._history:
+            self._penalise(row, n_vocab)
+        if self.constraint is not None:
+            banned = self.constraint.banned()
+            if banned is not None:
+                row[:banned.shape[0]][banned] = -np.inf
+                row[banned.shape[0]:] = -np.inf       # padding rows past the tokenizer
+
+    def _penalise(self, row: np.ndarray, n_vocab: int) -> None:
         p = self.params
         toks, counts = self._window_counts()
         ok = (toks >= 0) & (toks < n_vocab)

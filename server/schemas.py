@@ -35,6 +35,7 @@ class Message(_Model):
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
 
 class _Sampling(_Model):
@@ -54,7 +55,8 @@ class _Sampling(_Model):
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
     n: int = Field(1, ge=1)
-    logit_bias: Optional[dict[str, float]] = None
+    # OpenAI's {"id": bias}, or llama.cpp's [[id, bias]] (bias false: never)
+    logit_bias: Union[dict[str, float], list[list[Union[int, float, bool]]], None] = None
     ignore_eos: bool = False
     user: Optional[str] = None
     stream: bool = False
@@ -74,12 +76,37 @@ class _Sampling(_Model):
             raise ValueError("at most 16 stop sequences")
         return [v] if isinstance(v, str) else v
 
-    @field_validator("logit_bias")
+    # llama.cpp's request fields: taken when they work here, refused when not
+    n_predict: Optional[int] = Field(None, ge=-1)
+    cache_prompt: bool = True
+    id_slot: int = -1
+    n_probs: Optional[int] = Field(None, ge=0, le=20)
+    samplers: Optional[list[str]] = None
+    dry_multiplier: float = 0.0
+    xtc_probability: float = 0.0
+    mirostat: int = 0
+    grammar: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = None
+
+    @field_validator("logit_bias", mode="before")
     @classmethod
     def _logit_bias(cls, v):
+        if isinstance(v, list):       # [[id, bias]]; a bias of false bans the token
+            pairs = {}
+            for pair in v:
+                if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int)
+                        and not isinstance(pair[0], bool)):
+                    raise ValueError("the list form is [[token_id, bias], ...]")
+                bias = pair[1]
+                pairs[str(pair[0])] = -100.0 if bias is False else float(bias)
+            v = pairs
         if v is None:
             return v
+        if not isinstance(v, dict):
+            raise ValueError("must be an object of token id -> bias, or [[id, bias], ...]")
         for key, bias in v.items():
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+                raise ValueError(f"bias for token {key} must be a number")
             if not key.lstrip("-").isdigit() or int(key) < 0:
                 raise ValueError(f"keys must be token ids, got {key!r}")
             if not -100.0 <= bias <= 100.0:
@@ -90,6 +117,20 @@ class _Sampling(_Model):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def unsupported(self) -> str | None:
+        """A llama.cpp field set to something this server does not do, by name."""
+        if self.id_slot != -1:
+            return "id_slot"
+        if self.samplers is not None:
+            return "samplers"
+        if self.dry_multiplier:
+            return "dry_multiplier"
+        if self.xtc_probability:
+            return "xtc_probability"
+        if self.mirostat:
+            return "mirostat"
+        return None
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(..., min_length=1)
@@ -97,14 +138,15 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: bool = False          # llama-server's default
+    response_format: Optional[dict[str, Any]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    reasoning_format: Optional[Literal["none", "deepseek", "auto"]] = None
 
     @property
     def limit(self) -> Optional[int]:
-        return self.max_completion_tokens or self.max_tokens
-
-    @property
-    def n_probs(self) -> int:
-        return (self.top_logprobs or 0) if self.logprobs else 0
+        return self.max_completion_tokens or self.max_tokens or self.n_predict
 
 
 class CompletionRequest(_Sampling):
@@ -122,7 +164,9 @@ class CompletionRequest(_Sampling):
 
     @property
     def limit(self) -> Optional[int]:
-        return self.max_tokens if self.max_tokens is not None else 16
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return self.n_predict if self.n_predict is not None else 16
 
 
 class TokenizeRequest(_Model):
@@ -179,10 +223,16 @@ def chat_completion(id: str, model: str, created: int, choices: list[dict],
     }
 
 
-def chat_choice(index: int, text: str, finish: str, logprobs: list[dict] | None) -> dict:
+def chat_choice(index: int, text: str | None, finish: str, logprobs: list[dict] | None,
+                reasoning: str = "", tool_calls: list[dict] | None = None) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "index": index,
-        "message": {"role": "assistant", "content": text},
+        "message": message,
         "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
         "finish_reason": finish,
     }

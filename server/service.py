@@ -15,6 +15,7 @@ of the tokens behind that text, and the finish reason.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -39,16 +40,20 @@ class Delta:
     logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] = field(
         default_factory=list)
     finish_reason: str | None = None
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 class _Choice:
     """Turns one engine request's TokenEvents into Deltas."""
 
-    def __init__(self, request_id: str, tokenizer, decoder, stops: list[str] | None):
+    def __init__(self, request_id: str, tokenizer, decoder, stops: list[str] | None,
+                 output=None):
         self.request_id = request_id
         self.tokenizer = tokenizer
         self.decoder = decoder
         self.stops = StopMatcher(stops)
+        self.output = output      # server/chat_output.py ChatOutput: reasoning and tool calls
         self.finish_reason: str | None = None
         self.engine_done = False
         self.n_tokens = 0
@@ -81,6 +86,16 @@ class _Choice:
             finish = "stop"
         self._emitted += len(out)
         delta = Delta(out, self._release(finish is not None), finish)
+        if self.output is not None:
+            parts = self.output.feed(out)
+            if finish is not None:
+                end = self.output.finish()
+                parts.reasoning += end.reasoning
+                parts.content += end.content
+                parts.tool_calls += end.tool_calls
+                if finish == "stop" and self.output.calls:
+                    delta.finish_reason = finish = "tool_calls"
+            delta.text, delta.reasoning, delta.tool_calls = parts.content, parts.reasoning, parts.tool_calls
         self.finish_reason = finish
         return delta
 
@@ -126,7 +141,7 @@ class Job:
                 self._open -= 1
                 if not choice.engine_done:
                     self._cancel(choice.request_id)
-            if delta.text or delta.logprobs or delta.finish_reason:
+            if delta.text or delta.logprobs or delta.finish_reason or delta.reasoning or delta.tool_calls:
                 yield index, delta
 
     def close(self) -> None:
@@ -239,16 +254,24 @@ class Service:
 
     # -- requests -----------------------------------------------------------------
 
-    async def chat_prompt(self, messages: list[dict], tools=None, images: list = ()) -> Prompt:
-        """Chat messages (+ loaded images) -> Prompt, built off the event loop."""
+    async def chat_prompt(self, messages: list[dict], tools=None, images: list = (), **options) -> Prompt:
+        """Chat messages (+ loaded images) -> Prompt, built off the event loop.
+        options: PromptBuilder.chat's (template kwargs, continue_final)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prompt_executor, self.prompts.chat, messages, tools, images)
+        return await loop.run_in_executor(self._prompt_executor, functools.partial(
+            self.prompts.chat, messages, tools, images, **options))
+
+    async def on_prompt_thread(self, fn, *args):
+        """Run fn (e.g. compiling a grammar) on the prompt thread, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._prompt_executor, fn, *args)
 
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
-                     *, ignore_eos: bool = False, stops: list[str] | None = None) -> Job:
+                     *, ignore_eos: bool = False, stops: list[str] | None = None,
+                     output: Callable[[], Any] | None = None, show_tokens=frozenset()) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad request,
-        queue full)."""
+        queue full). output() makes each choice's ChatOutput (reasoning and tool
+        calls); show_tokens: control tokens whose text the output keeps (their markers)."""
         if not self.ready:
             raise APIError(503, "Loading model", code="model_loading",
                            headers={"Retry-After": "5"})
@@ -258,7 +281,14 @@ class Service:
             raise APIError(429, "Server is busy: too many requests queued; retry later",
                            code="queue_full", headers={"Retry-After": "1"})
         base, tok = f"r{next(_ids)}", self.engine.tokenizer
-        choices = [_Choice(f"{base}-{i}", tok, self._make_decoder(tok), stops) for i in range(len(prompts))]
+        def decoder():
+            if show_tokens:
+                from .chat_output import ShowingDecoder
+                return ShowingDecoder(tok, show_tokens)
+            return self._make_decoder(tok)
+
+        choices = [_Choice(f"{base}-{i}", tok, decoder(), stops, output() if output else None)
+                   for i in range(len(prompts))]
         job = Job([p.tokens for p in prompts], choices, self.cancel)
         requests = []
         for p, c, prm in zip(prompts, job.choices, params):

@@ -369,7 +369,10 @@ ERROR_CASES = [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
      None, 400, None),
     ("too long", {"messages": ask("hello " * 600)}, None, 400, "context_length_exceeded"),
-    ("unknown model", {"model": "gpt-17", "messages": ask("x")}, None, 404, "model_not_found"),
+    ("llama.cpp field not done here", {"messages": ask("x"), "mirostat": 2}, None, 400, None),
+    ("invalid JSON schema", {"messages": ask("x"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}, None, 400, None),
+    ("invalid grammar", {"messages": ask("x"), "grammar": "root ::= (("}, None, 400, None),
 ]
 
 

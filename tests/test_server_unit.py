@@ -380,7 +380,7 @@ def test_fake_disconnect_frees_kv(fake):
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
     (json.dumps({"messages": []}).encode(), 400, None),
-    (json.dumps({"model": "gpt-9", **chat_body()}).encode(), 404, "model_not_found"),
+    (json.dumps({"id_slot": 2, **chat_body()}).encode(), 400, None),
     (json.dumps(chat_body(n=5)).encode(), 400, None),
     (json.dumps({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]}).encode(), 400, None),

@@ -1,0 +1,195 @@
+"""Constrained decoding with llguidance: JSON schemas, GBNF/Lark grammars, forced tool calls.
+
+llguidance (the library llama.cpp, vLLM and SGLang use) turns a grammar into a
+token mask per step: its Earley parser over a lexer is fast enough to compute a
+mask for a 150k vocabulary in well under a millisecond, and it takes GBNF as
+llama.cpp writes it, JSON schema and Lark. A request's grammar is compiled and
+checked against the vocabulary once, on the prompt thread, before any token is
+generated (an invalid one is a 400). Each sequence then gets its own matcher
+(server/sampling.py): the sampler applies its mask to the row, `accept` advances
+it and starts computing the next mask on a worker thread, so the mask is usually
+ready before the next step's forward pass ends.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from . import chat_output as co
+
+# One worker computes next-step masks beside the forward pass (llguidance drops the GIL).
+_POOL = ThreadPoolExecutor(1, thread_name_prefix="ggserve-grammar")
+
+
+class GrammarError(ValueError):
+    """The schema or grammar cannot be used (a 400)."""
+
+
+class _Vocab:
+    """llguidance's view of our tokenizer: bytes per token, control tokens marked by 0xFF."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        self.eos_token_id = tok.eos_id
+        self.bos_token_id = tok.bos_id
+        self.tokens = [b"\xff" + tok.token_bytes(i) if tok.is_special(i) else tok.token_bytes(i)
+                       for i in range(tok.n_vocab)]
+        self.special_token_ids = [i for i in range(tok.n_vocab) if tok.is_special(i)]
+
+    def __call__(self, text) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return self._tok.encode(text, add_special=False)
+
+
+class Grammars:
+    """Compiles grammars for one tokenizer (its llguidance vocabulary is built once)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._ll = None
+        self._lock = threading.Lock()
+
+    @property
+    def ll_tokenizer(self):
+        with self._lock:
+            if self._ll is None:
+                import llguidance
+                self._ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab(self.tokenizer)),
+                                                  n_vocab=self.tokenizer.n_vocab,
+                                                  eos_token=sorted(self.tokenizer.eog_ids))
+            return self._ll
+
+    def compile(self, kind: str, text) -> "Grammar":
+        """kind: json_schema (dict or str), gbnf (llama.cpp's GBNF, or Lark), lark."""
+        from llguidance import LLMatcher, grammar_from
+        try:
+            if kind == "json_schema":
+                src = grammar_from("json_schema", text if isinstance(text, str) else json.dumps(text))
+            else:
+                src = grammar_from("gbnf" if kind == "gbnf" else "lark", text)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"invalid {kind}: {e}") from None
+        err = LLMatcher.validate_grammar(src, self.ll_tokenizer)
+        if err and not err.startswith("WARNING"):
+            raise GrammarError(f"invalid {kind}: {err}")
+        return Grammar(src, self.ll_tokenizer)
+
+    def literal(self, text: str) -> str:
+        """A Lark literal for a marker: the control token itself when the vocabulary has one."""
+        tid = self.tokenizer.token_to_id(text)
+        if tid is not None and self.tokenizer.is_special(tid):
+            return f"<[{tid}]>"
+        return json.dumps(text)
+
+
+class Grammar:
+    """A checked llguidance grammar; `matcher()` starts one sequence's state."""
+
+    def __init__(self, source: str, ll_tokenizer):
+        self.source = source
+        self.ll_tokenizer = ll_tokenizer
+
+    def matcher(self) -> "Constraint":
+        return Constraint(self)
+
+
+class Constraint:
+    """One sequence's grammar state: the banned-token mask for the next step,
+    computed in the background after each accepted token."""
+
+    def __init__(self, grammar: Grammar):
+        from llguidance import LLMatcher
+        self._m = LLMatcher(grammar.ll_tokenizer, grammar.source, log_level=0)
+        self._n_vocab = grammar.ll_tokenizer.vocab_size
+        self._next = _POOL.submit(self._banned)
+
+    def _banned(self) -> np.ndarray | None:
+        if self._m.is_error():
+            return None
+        bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[:self._n_vocab] == 0    # [n_vocab] bool
+
+    def banned(self) -> np.ndarray | None:
+        """Tokens the grammar forbids now ([n_vocab] bool); None once it is broken."""
+        return self._next.result()
+
+    def accept(self, token: int) -> None:
+        self._next.result()          # the matcher is not thread-safe: one call at a time
+        self._m.consume_token(int(token))
+        self._next = _POOL.submit(self._banned)
+
+    @property
+    def error(self) -> str:
+        return self._m.get_error()
+
+
+# -- tool calls forced by tool_choice -----------------------------------------------
+
+def _call_schema(fmt: co.Format, name: str, params: dict, args_key: str = "arguments") -> dict:
+    return {"type": "object", "properties": {"name": {"const": name}, args_key: params or {"type": "object"}},
+            "required": ["name", args_key]}
+
+
+def _json(schema) -> str:
+    return "%json " + json.dumps(schema)
+
+
+def tool_call_lark(grammars: Grammars, fmt: co.Format, names: list[str], parallel: bool) -> str | None:
+    """A Lark grammar that makes the model write tool calls (only) in the template's
+    syntax; None for a format written as XML-style parameters (not forced)."""
+    lit = grammars.literal
+    schemas = fmt.schemas
+    rules = []
+    if isinstance(fmt, co.Hermes):
+        anyof = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
+        rules.append(f"call: {lit('<tool_call>')} \"\\n\" {_json(anyof)} \"\\n\" {lit('</tool_call>')}")
+        sep = '"\\n"'
+    elif isinstance(fmt, co.Llama3):
+        anyof = {"anyOf": [_call_schema(fmt, n, schemas[n], "parameters") for n in names]}
+        rules.append(f"call: {_json(anyof)}")
+        sep = '";"'
+    elif isinstance(fmt, co.MistralNemo):
+        item = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
+        arr = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        return f"start: {lit('[TOOL_CALLS]')} {_json(arr)}"
+    elif isinstance(fmt, co.Generic):
+        one = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
+        if parallel:
+            top = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
+                   "required": ["tool_calls"]}
+        else:
+            top = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
+        return f"start: {_json(top)}"
+    elif isinstance(fmt, co._NameArgs):
+        alts = []
+        for n in names:
+            if isinstance(fmt, co.KimiK2):
+                head = f"{lit(fmt.call_open)} \"functions.{n}:\" /[0-9]+/ {lit(fmt.name_end)}"
+            elif isinstance(fmt, co.DeepSeekR1):
+                head = (f"{lit('<｜tool▁call▁begin｜>')} \"function\" {lit('<｜tool▁sep｜>')} "
+                        f"\"{n}\\n```json\\n\"")
+            else:
+                head = f"{lit(fmt.call_open)} {json.dumps(n)} {lit(fmt.name_end)}"
+            tail = ""
+            if isinstance(fmt, co.DeepSeekR1):
+                tail = f" \"\\n```\" {lit('<｜tool▁call▁end｜>')}"
+            elif fmt.call_close:
+                tail = f" {lit(fmt.call_close)}"
+            alts.append(f"{head} {_json(schemas[n] or {'type': 'object'})}{tail}")
+        rules.append("call: " + " | ".join(f"({a})" for a in alts))
+        sep = ""
+        if fmt.block_open:
+            body = "call+" if parallel else "call"
+            return "\n".join([f"start: {lit(fmt.block_open)} {body} {lit(fmt.block_close)}"] + rules)
+    elif isinstance(fmt, co.Harmony):
+        alts = [f"{lit('<|channel|>')} \"commentary to=functions.{n} \" {lit('<|constrain|>')} \"json\" "
+                f"{lit('<|message|>')} {_json(schemas[n] or {'type': 'object'})}" for n in names]
+        return "start: " + " | ".join(f"({a})" for a in alts)
+    else:
+        return None
+    body = f"call ({sep} call)*" if parallel else "call"
+    return "\n".join([f"start: {body}"] + rules)

@@ -1,0 +1,243 @@
+"""Tool-call and reasoning parsing (server/chat_output.py) on outputs written the way
+each model family writes them; the format is detected from the real template
+(tests/data/templates/, copied from llama.cpp's models/templates)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ggserve.server import chat_output as co
+
+TEMPLATES = os.path.join(os.path.dirname(__file__), "data", "templates")
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                     "opts": {"type": "object"}}}}}
+    for n in ("get_weather", "get_time")]
+
+NESTED = {"city": "Zürich 東京 🌧", "opts": {"units": ["C", "F"], "deep": {"a": [1, 2.5, None, True]}}}
+
+
+def fmt_of(template: str) -> co.Format:
+    with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
+        return co.detect(f.read())(TOOLS)
+
+
+def call(name, args):
+    return (name, json.dumps(args, ensure_ascii=False, separators=(",", ":")))
+
+
+# family -> (template, how one call is written, separator between parallel calls)
+def hermes(name, args):
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args, ensure_ascii=False)}}}\n</tool_call>'
+
+
+def qwen3_coder(name, args):
+    params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+                     for k, v in args.items())
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+def llama3(name, args):
+    return f'{{"name": "{name}", "parameters": {json.dumps(args, ensure_ascii=False)}}}'
+
+
+def mistral(name, args):
+    return f"[TOOL_CALLS]{name}[ARGS]{json.dumps(args, ensure_ascii=False)}"
+
+
+def glm(name, args):
+    kv = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</arg_value>\n"
+                 for k, v in args.items())
+    return f"<tool_call>{name}\n{kv}</tool_call>"
+
+
+def deepseek_v31(name, args):
+    return f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(args, ensure_ascii=False)}<｜tool▁call▁end｜>"
+
+
+def kimi(name, args, i=0):
+    return (f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>"
+            f"{json.dumps(args, ensure_ascii=False)}<|tool_call_end|>")
+
+
+def harmony(name, args):
+    return (f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+            f"{json.dumps(args, ensure_ascii=False)}<|call|>")
+
+
+FAMILIES = {
+    "hermes": ("Qwen-Qwen2.5-7B-Instruct", hermes, "\n", "{}"),
+    "qwen3": ("Qwen-Qwen3-0.6B", hermes, "\n", "{}"),
+    "qwen3_coder": ("Qwen3-Coder", qwen3_coder, "\n", "{}"),
+    "llama3": ("meta-llama-Llama-3.1-8B-Instruct", llama3, None, "{}"),
+    "mistral": ("Mistral-Small-3.2-24B-Instruct-2506", mistral, "", "{}"),
+    "glm": ("GLM-4.6", glm, "\n", "{}"),
+    "deepseek_v3_1": ("deepseek-ai-DeepSeek-V3.1", deepseek_v31, "",
+                      "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"),
+    "kimi_k2": ("moonshotai-Kimi-K2", kimi, "",
+                "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"),
+}
+
+
+@pytest.mark.parametrize("template,name", [
+    ("Qwen-Qwen2.5-7B-Instruct", "hermes"), ("Qwen-Qwen3-0.6B", "hermes"),
+    ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "hermes"), ("Qwen3-Coder", "qwen3_coder"),
+    ("meta-llama-Llama-3.1-8B-Instruct", "llama3"), ("Mistral-Small-3.2-24B-Instruct-2506", "mistral"),
+    ("mistralai-Mistral-Nemo-Instruct-2407", "mistral_nemo"), ("openai-gpt-oss-120b", "gpt_oss"),
+    ("deepseek-ai-DeepSeek-V3.1", "deepseek_v3_1"), ("moonshotai-Kimi-K2", "kimi_k2"),
+    ("GLM-4.6", "glm"), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek_r1"),
+])
+def test_format_is_detected_from_the_template(template, name):
+    assert fmt_of(template).name == name
+
+
+def test_template_without_tool_syntax_gets_the_generic_json_format():
+    from ggserve.models.chat_template import CHATML
+
+    assert co.detect(CHATML) is co.Generic
+    p = co.parse('{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}', co.Generic(TOOLS))
+    assert [(c.name, c.args) for c in p.calls] == [call("get_weather", {"city": "Paris"})]
+    assert co.parse('{"response": "Hello"}', co.Generic(TOOLS)).content == "Hello"
+
+
+def parsed_calls(p: co.Parsed):
+    return [(c.name, c.args) for c in p.calls]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_single_call(family):
+    template, write, _, wrap = FAMILIES[family]
+    p = co.parse(wrap.format(write("get_weather", {"city": "Paris"})), fmt_of(template))
+    assert (p.content, parsed_calls(p)) == ("", [call("get_weather", {"city": "Paris"})])
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if FAMILIES[f][2] is not None])
+def test_parallel_calls(family):
+    template, write, sep, wrap = FAMILIES[family]
+    text = wrap.format(write("get_weather", {"city": "Paris"}) + sep + write("get_time", {"city": "Oslo"}))
+    p = co.parse(text, fmt_of(template))
+    assert parsed_calls(p) == [call("get_weather", {"city": "Paris"}), call("get_time", {"city": "Oslo"})]
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama3"])
+def test_text_before_and_after_the_calls_is_content(family):
+    template, write, _, wrap = FAMILIES[family]
+    text = "Let me look that up.\n\n" + wrap.format(write("get_weather", {"city": "Paris"})) + "\nDone."
+    p = co.parse(text, fmt_of(template))
+    assert p.content == "Let me look that up.Done."
+    assert parsed_calls(p) == [call("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nested_json_and_unicode_arguments(family):
+    template, write, _, wrap = FAMILIES[family]
+    p = co.parse(wrap.format(write("get_weather", NESTED)), fmt_of(template))
+    assert [(n, json.loads(a)) for n, a in parsed_calls(p)] == [("get_weather", NESTED)]
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "deepseek_v3_1", "kimi_k2"])
+def test_malformed_json_falls_back_to_content(family):
+    template, write, _, wrap = FAMILIES[family]
+    text = wrap.format(write("get_weather", {"city": "Paris"})).replace('"Paris"}', '"Paris",,}')
+    p = co.parse(text, fmt_of(template))
+    assert (p.content, p.calls) == (text, [])
+
+
+def test_qwen3_think_block_is_reasoning():
+    p = co.parse("<think>\nThe user wants weather.\n</think>\n\n" + hermes("get_weather", {"city": "Paris"}),
+                 fmt_of("Qwen-Qwen3-0.6B"))
+    assert (p.reasoning, p.content) == ("The user wants weather.", "")
+    assert parsed_calls(p) == [call("get_weather", {"city": "Paris"})]
+
+
+def test_prompt_that_opened_the_think_block():
+    p = co.parse("Short thought.</think>The answer is 4.", fmt_of("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"),
+                 open_think=True)
+    assert (p.reasoning, p.content) == ("Short thought.", "The answer is 4.")
+
+
+def test_reasoning_format_none_keeps_think_in_content():
+    text = "<think>hm</think>Hi"
+    assert co.parse(text, fmt_of("Qwen-Qwen3-0.6B"), reasoning=False) == co.Parsed("", text)
+
+
+def test_harmony_channels():
+    text = ("<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+            + harmony("get_weather", {"city": "Paris"}).removesuffix("<|call|>"))
+    p = co.parse(text, fmt_of("openai-gpt-oss-120b"))
+    assert (p.reasoning, p.content) == ("Need the weather tool.", "")
+    assert parsed_calls(p) == [call("get_weather", {"city": "Paris"})]
+    final = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>Hello!"
+    assert co.parse(final, fmt_of("openai-gpt-oss-120b")) == co.Parsed("Easy.", "Hello!")
+
+
+def test_without_tools_markup_stays_content():
+    text = hermes("get_weather", {"city": "Paris"})
+    assert co.parse(text, fmt_of("Qwen-Qwen2.5-7B-Instruct"), tools=False).content == text
+
+
+def stream(fmt, text, cut, **kw) -> tuple[str, str, list]:
+    """Feed text in pieces cut at the given offsets; join the deltas."""
+    out = co.ChatOutput(fmt, **kw)
+    deltas = [out.feed(text[a:b]) for a, b in zip([0] + cut, cut + [len(text)])] + [out.finish()]
+    calls: dict[int, list] = {}
+    for d in deltas:
+        for tc in d.tool_calls:
+            if "id" in tc:
+                assert tc["index"] not in calls and tc["function"]["name"]
+                calls[tc["index"]] = [tc["function"]["name"], tc["function"]["arguments"]]
+            else:
+                calls[tc["index"]][1] += tc["function"]["arguments"]
+    return ("".join(d.reasoning for d in deltas), "".join(d.content for d in deltas),
+            [tuple(calls[i]) for i in sorted(calls)])
+
+
+SPLIT_CASES = {
+    "hermes": ("Qwen-Qwen3-0.6B", "<think>\nweather?\n</think>\n\nSure.\n" + hermes("get_weather", NESTED)
+               + "\n" + hermes("get_time", {"city": "Oslo"})),
+    "qwen3_coder": ("Qwen3-Coder", "ok\n" + qwen3_coder("get_weather", {"city": "Paris", "days": 3})),
+    "llama3": ("meta-llama-Llama-3.1-8B-Instruct", llama3("get_weather", NESTED)),
+    "mistral": ("Mistral-Small-3.2-24B-Instruct-2506", mistral("get_weather", NESTED) + mistral("get_time", {})),
+    "glm": ("GLM-4.6", "<think>x</think>" + glm("get_weather", {"city": "Paris"})),
+    "deepseek": ("deepseek-ai-DeepSeek-V3.1", "Hi<｜tool▁calls▁begin｜>" + deepseek_v31("get_weather", NESTED)
+                 + "<｜tool▁calls▁end｜>"),
+    "kimi": ("moonshotai-Kimi-K2", "<|tool_calls_section_begin|>" + kimi("get_weather", NESTED)
+             + kimi("get_time", {"city": "Oslo"}, 1) + "<|tool_calls_section_end|>"),
+    "harmony": ("openai-gpt-oss-120b", "<|channel|>analysis<|message|>Think.<|end|>"
+                + harmony("get_weather", NESTED).removesuffix("<|call|>")),
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_stream_split_at_every_boundary_reassembles_to_the_whole(case):
+    template, text = SPLIT_CASES[case]
+    fmt = fmt_of(template)
+    whole = co.parse(text, fmt)
+    want = (whole.reasoning, whole.content, [(c.name, c.args) for c in whole.calls])
+    assert want[2], "the case must have calls"
+    for i in range(1, len(text)):
+        assert stream(fmt, text, [i]) == want, f"split at {i}"
+    assert stream(fmt, text, list(range(1, len(text)))) == want     # one character at a time
+
+
+def test_stream_never_shows_a_partial_name_or_marker():
+    fmt = fmt_of("Qwen-Qwen2.5-7B-Instruct")
+    out = co.ChatOutput(fmt)
+    text = "Hi " + hermes("get_weather", {"city": "Paris"})
+    seen = []
+    for ch in text:
+        d = out.feed(ch)
+        seen += [tc["function"].get("name") for tc in d.tool_calls if "id" in tc]
+        assert "<" not in d.content
+    assert seen == ["get_weather"]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    fmt = fmt_of("Qwen-Qwen2.5-7B-Instruct")
+    text = hermes("get_weather", {"city": "Paris"}) + "\n" + hermes("get_time", {"city": "Oslo"})
+    out = co.ChatOutput(fmt, max_calls=1)
+    out.feed(text)
+    out.finish()
+    assert [c["function"]["name"] for c in out.calls] == ["get_weather"]
