@@ -114,7 +114,11 @@ class ChatTemplate:
             return False
 
     def _render(self, messages, add_generation_prompt, tools, extra) -> str:
-        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra}
+        # llama.cpp's extra context (common/chat.cpp common_chat_extra_context): today's
+        # date for templates that print it (Llama 3.x: "Today Date: 23 Nov 2026")
+        now = datetime.now()
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                   "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"), **extra}
         return self._template.render(messages=messages, tools=tools,
                                      add_generation_prompt=add_generation_prompt, **context)
 

@@ -14,6 +14,14 @@ row, the kernel llama-server would use:
 - flash-attention calls (`attention_calls`): tiled, split or row-by-row, over the
   cells llama.cpp would use.
 
+Expert products (ggml_mul_mat_id, MoE layers) need no plan where llama.cpp's
+result for a row does not depend on its batch: stacks of experts that the CPU
+backend repacks (Q4_0, Q4_K, IQ4_NL, MXFP4 on AVX2) run one gemv per (row,
+expert), the other types one vec_dot per row. Not reproduced: k-quant stacks
+that are not repacked (Q2_K, Q3_K, Q5_K, Q6_K on AVX2) take a tiled kernel for
+an expert that >= 8 rows of the call chose, which depends on how the other rows
+of llama.cpp's ubatch were routed.
+
 Everything here is off with `KernelParity(enabled=False)` (GPU builds, where no
 llama.cpp CPU reference applies, or speed comparisons): plain mul_mat calls and
 one attention call per step. Nothing outside this module knows these rules.

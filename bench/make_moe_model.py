@@ -1,0 +1,145 @@
+"""Write a larger random-weight MoE GGUF for benchmarks: Qwen3-30B-A3B's layer shapes
+(n_embd 2048, 32 q / 4 kv heads x 128, q/k norms, 128 experts of 768, top-8,
+vocab 151936) with fewer layers. Not committed: written to a temporary path.
+
+    python bench/make_moe_model.py [--layers 4] [--type q4_K] [--out /tmp/moe-bench.gguf]
+    python bench/engine.py -m /tmp/moe-bench.gguf --llama-bench PATH/llama-bench
+
+The weights are random quantized blocks (random quants, block scales chosen so a
+product's outputs have about unit variance), generated block by block without a
+float copy, so the file is written in seconds. The tokenizer (the real Qwen2/3
+vocabulary) comes from the synthetic qwen3moe golden model in ../shared/golden.
+llama.cpp loads the file as `qwen3moe`; the numbers mean nothing, the speed does.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+import gguf
+
+ARCH = "qwen3moe"
+SHAPES = dict(n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_used=8, n_ff_exp=768,
+              n_vocab=151936, n_ctx=40960)
+# bytes per block, values per block
+_BLOCKS = {"q4_0": (18, 32), "q8_0": (34, 32), "q4_K": (144, 256)}
+_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+          "q4_K": gguf.GGMLQuantizationType.Q4_K}
+VOCAB_SOURCE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden" / "synth" / "models" / \
+    "synth-qwen3moe-q8_0.gguf"
+
+
+def random_blocks(rng, qtype: str, n_rows: int, row_len: int) -> np.ndarray:
+    """uint8 [n_rows, bytes per row] of random blocks whose values have std ~ 1/sqrt(row_len)."""
+    nbytes, nvals = _BLOCKS[qtype]
+    n_blocks = n_rows * row_len // nvals
+    b = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
+    target = 1.0 / np.sqrt(row_len)
+    if qtype == "q4_0":          # d * (q - 8), q uniform 0..15: std ~ 4.6 d
+        d = target / 4.6
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+    elif qtype == "q8_0":        # d * q, q uniform -128..127: std ~ 74 d
+        d = target / 74
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+    else:                        # q4_K: d * sc * q - dmin * m with 6-bit sc, m: std ~ 160 d
+        d = target / 160
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(d * 4).tobytes(), np.uint8)
+    return b.reshape(n_rows, -1)
+
+
+def write(path: str, n_layer: int, qtype: str, seed: int = 0) -> None:
+    s = SHAPES
+    rng = np.random.default_rng(seed)
+    src = gguf.GGUFReader(str(VOCAB_SOURCE))
+    w = gguf.GGUFWriter(path, ARCH)
+    w.add_name(f"moe-bench-{n_layer}l-{qtype}")
+    w.add_context_length(s["n_ctx"])
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(6144)
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(s["n_expert"])
+    w.add_expert_used_count(s["n_used"])
+    w.add_expert_feed_forward_length(s["n_ff_exp"])
+    w.add_file_type({"q4_0": 2, "q8_0": 7, "q4_K": 15}[qtype])
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer."):
+            _copy_field(w, key, field)
+
+    e, q, kv, ff, nx = s["n_embd"], s["n_head"] * s["head_dim"], s["n_head_kv"] * s["head_dim"], \
+        s["n_ff_exp"], s["n_expert"]
+    tensors = [("token_embd.weight", qtype, (s["n_vocab"],), e), ("output_norm.weight", "f32", (e,), None),
+               ("output.weight", qtype, (s["n_vocab"],), e)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", "f32", (e,), None), (p + "ffn_norm.weight", "f32", (e,), None),
+                    (p + "attn_q_norm.weight", "f32", (s["head_dim"],), None),
+                    (p + "attn_k_norm.weight", "f32", (s["head_dim"],), None),
+                    (p + "attn_q.weight", qtype, (q,), e), (p + "attn_k.weight", qtype, (kv,), e),
+                    (p + "attn_v.weight", qtype, (kv,), e), (p + "attn_output.weight", qtype, (e,), q),
+                    (p + "ffn_gate_inp.weight", "f32", (nx, e), None),
+                    (p + "ffn_gate_exps.weight", qtype, (nx, ff), e), (p + "ffn_up_exps.weight", qtype, (nx, ff), e),
+                    (p + "ffn_down_exps.weight", qtype, (nx, e), ff)]
+    for name, t, outer, row_len in tensors:       # outer: numpy-order dims before the row
+        if t == "f32":
+            w.add_tensor_info(name, outer, np.dtype(np.float32), 4 * int(np.prod(outer)))
+        else:
+            nbytes = row_len // _BLOCKS[t][1] * _BLOCKS[t][0]
+            w.add_tensor_info(name, (*outer, nbytes), np.dtype(np.uint8), int(np.prod(outer)) * nbytes, _TYPES[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, t, outer, row_len in tensors:
+        if t == "f32":
+            if "gate_inp" in name:
+                data = (rng.standard_normal(outer) / np.sqrt(outer[-1])).astype(np.float32)
+            else:
+                data = np.ones(outer, dtype=np.float32)
+        else:
+            rows = int(np.prod(outer))
+            data = random_blocks(rng, t, rows, row_len).reshape(*outer, -1)
+        w.write_tensor_data(data)
+    w.close()
+
+
+def _copy_field(w: gguf.GGUFWriter, key: str, field) -> None:
+    v = field.contents()
+    vtype = field.types[0]
+    if vtype == gguf.GGUFValueType.ARRAY:
+        w.add_array(key, v)
+    elif vtype == gguf.GGUFValueType.STRING:
+        w.add_string(key, v)
+    elif vtype == gguf.GGUFValueType.BOOL:
+        w.add_bool(key, v)
+    else:
+        w.add_uint32(key, int(v))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks (Qwen3-30B-A3B has 48)")
+    p.add_argument("--type", choices=sorted(_BLOCKS), default="q4_K",
+                   help="type of every matrix (q4_K: the bulk of a Q4_K_M file)")
+    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "moe-bench.gguf"))
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if not VOCAB_SOURCE.is_file():
+        print(f"vocabulary source missing: {VOCAB_SOURCE}", file=sys.stderr)
+        return 1
+    write(a.out, a.layers, a.type, a.seed)
+    print(f"{a.out}: {os.path.getsize(a.out) / 2**20:.0f} MiB, {a.layers} layers, {a.type}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
