@@ -129,8 +129,22 @@ class Constraint:
 
 # -- tool calls forced by tool_choice -----------------------------------------------
 
+def closed(schema):
+    """A tool's parameter schema with objects closed to properties it does not name
+    (additionalProperties false where unset), so a forced call has only the tool's
+    arguments, as OpenAI's strict function calling."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) for k, v in schema.items()}
+    if "properties" in schema and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _call_schema(fmt: co.Format, name: str, params: dict, args_key: str = "arguments") -> dict:
-    return {"type": "object", "properties": {"name": {"const": name}, args_key: params or {"type": "object"}},
+    return {"type": "object", "properties": {"name": {"const": name}, args_key: closed(params) or {"type": "object"}},
             "required": ["name", args_key]}
 
 
@@ -179,7 +193,7 @@ def tool_call_lark(grammars: Grammars, fmt: co.Format, names: list[str], paralle
                 tail = f" \"\\n```\" {lit('<｜tool▁call▁end｜>')}"
             elif fmt.call_close:
                 tail = f" {lit(fmt.call_close)}"
-            alts.append(f"{head} {_json(schemas[n] or {'type': 'object'})}{tail}")
+            alts.append(f"{head} {_json(closed(schemas[n]) or {'type': 'object'})}{tail}")
         rules.append("call: " + " | ".join(f"({a})" for a in alts))
         sep = ""
         if fmt.block_open:
@@ -187,7 +201,7 @@ def tool_call_lark(grammars: Grammars, fmt: co.Format, names: list[str], paralle
             return "\n".join([f"start: {lit(fmt.block_open)} {body} {lit(fmt.block_close)}"] + rules)
     elif isinstance(fmt, co.Harmony):
         alts = [f"{lit('<|channel|>')} \"commentary to=functions.{n} \" {lit('<|constrain|>')} \"json\" "
-                f"{lit('<|message|>')} {_json(schemas[n] or {'type': 'object'})}" for n in names]
+                f"{lit('<|message|>')} {_json(closed(schemas[n]) or {'type': 'object'})}" for n in names]
         return "start: " + " | ".join(f"({a})" for a in alts)
     else:
         return None
