@@ -37,3 +37,10 @@ def model_path(arch: str) -> str:
     files = [p for p in (SYNTH / "models").glob(f"synth-{arch}-*.gguf")]
     assert len(files) == 1, f"want one synth model for {arch!r} in {SYNTH / 'models'}, found {files}"
     return str(files[0])
+
+
+def steps(case: dict) -> list[dict]:
+    """A completion's steps in the shape of tests/data/completions.json (what
+    engine_helpers.max_logprob_deviation reads): top_logprobs as [id, logprob] pairs."""
+    return [{"id": s["id"], "probs_available": s["probs_available"],
+             "top_logprobs": [[t["id"], t["logprob"]] for t in s.get("top_logprobs", [])]} for s in case["steps"]]

@@ -1,0 +1,135 @@
+"""Gemma 4 dense text models: sliding-window and global layers with their own head
+sizes, KV head counts and rope, V normalized, logits soft-capped.
+
+ref: llama.cpp src/models/gemma4.cpp. Layer kinds come from
+`attention.sliding_window_pattern` (true: sliding window); sliding layers use
+`key_length_swa` / `rope.dimension_count_swa` / `rope.freq_base_swa`, global ones
+`key_length` / `rope.dimension_count` / `rope.freq_base` with the proportional-rope
+factors `rope_freqs.weight`. A layer without `attn_v` uses its K projection as V
+(before the norms). q and k are RMS-normed with weights, v without; attention
+scale 1; post-attention and post-FFN norms; GELU FFN; each layer's output times
+`layer_output_scale`; embeddings scaled by sqrt(n_embd); final logits soft-capped.
+Not here: per-layer embeddings (E2B/E4B), shared-KV layers and MoE layers (26B-A4B):
+such files are refused at load.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ggserve.native import ggml
+from ggserve.models.hparams import HParams
+from ggserve.models.memory import LayerKV
+from ggserve.models.registry import ModelError, register
+from ggserve.models.weights import Weights
+
+
+def _per_layer(value, n_layer: int) -> list[int]:
+    """A GGUF key that is a scalar or an array with one value per layer."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [int(x) for x in value]
+    return [int(value)] * n_layer
+
+
+class Layer:
+    def __init__(self, w: Weights, i: int, n_embd: int, head_dim: int, n_head: int, n_head_kv: int, n_ff: int):
+        p = f"blk.{i}."
+        n_q, n_kv = head_dim * n_head, head_dim * n_head_kv
+        self.attn_norm = w.get(p + "attn_norm.weight", (n_embd,))
+        self.wq = w.get(p + "attn_q.weight", (n_embd, n_q))
+        self.wk = w.get(p + "attn_k.weight", (n_embd, n_kv))
+        self.wv = w.get(p + "attn_v.weight", (n_embd, n_kv), required=False)   # absent: V = K
+        self.q_norm = w.get(p + "attn_q_norm.weight", (head_dim,))
+        self.k_norm = w.get(p + "attn_k_norm.weight", (head_dim,))
+        self.wo = w.get(p + "attn_output.weight", (n_q, n_embd))
+        self.attn_post_norm = w.get(p + "post_attention_norm.weight", (n_embd,))
+        self.ffn_norm = w.get(p + "ffn_norm.weight", (n_embd,))
+        self.ffn_gate = w.get(p + "ffn_gate.weight", (n_embd, n_ff))
+        self.ffn_up = w.get(p + "ffn_up.weight", (n_embd, n_ff))
+        self.ffn_down = w.get(p + "ffn_down.weight", (n_ff, n_embd))
+        self.ffn_post_norm = w.get(p + "post_ffw_norm.weight", (n_embd,))
+        self.out_scale = w.get(p + "layer_output_scale.weight", (1,), required=False)
+
+
+@register("gemma4")
+class Gemma4Model:
+    rope_type = ggml.ROPE_NEOX
+
+    def __init__(self, meta: dict, tensors: dict, path: str = ""):
+        hp = HParams(meta, path)
+        n = hp.get("block_count", required=True)
+        self.arch = hp.arch
+        self.n_layer = n
+        self.n_embd = hp.get("embedding_length", required=True)
+        self.n_head = _per_layer(hp.get("attention.head_count", required=True), n)
+        self.n_head_kv = _per_layer(hp.get("attention.head_count_kv", self.n_head), n)
+        self.n_ff = _per_layer(hp.get("feed_forward_length", required=True), n)
+        self.eps = hp.get("attention.layer_norm_rms_epsilon", 1e-6)
+        self.swa = [bool(x) for x in hp.get("attention.sliding_window_pattern", required=True)]
+        self.window = hp.get("attention.sliding_window", required=True)
+        full_dim = hp.get("attention.key_length", self.n_embd // self.n_head[0])
+        swa_dim = hp.get("attention.key_length_swa", required=True)
+        if hp.get("attention.value_length", full_dim) != full_dim or \
+                hp.get("attention.value_length_swa", required=True) != swa_dim:
+            raise ModelError(f"{path}: Gemma 4 needs equal key and value head sizes")
+        self.head_dim = [swa_dim if s else full_dim for s in self.swa]
+        self.n_rot = [hp.get("rope.dimension_count_swa", swa_dim) if s else hp.get("rope.dimension_count", full_dim)
+                      for s in self.swa]
+        self.rope_base = [hp.get("rope.freq_base_swa", 10000.0) if s else hp.get("rope.freq_base", 10000.0)
+                          for s in self.swa]
+        self.n_ctx_orig = hp.get("context_length", 0)
+        self.softcap = hp.get("final_logit_softcapping", 0.0)
+        for key in ("embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count"):
+            if hp.get(key, 0):
+                raise ModelError(f"{path}: Gemma 4 with {self.arch}.{key} = {hp.get(key)} is not supported "
+                                 "(per-layer embeddings, shared KV layers and MoE layers are not implemented)")
+        if len(self.swa) != n:
+            raise ModelError(f"{path}: attention.sliding_window_pattern has {len(self.swa)} entries for {n} layers")
+
+        w = Weights(tensors, path)
+        self.n_vocab = w.get("token_embd.weight").ne[1]
+        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
+        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
+        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        self.rope_freqs = w.get("rope_freqs.weight", (full_dim // 2,), required=not all(self.swa))
+        self.layers = [Layer(w, i, self.n_embd, self.head_dim[i], self.n_head[i], self.n_head_kv[i], self.n_ff[i])
+                       for i in range(n)]
+
+    def memory_layers(self, device_of_layer) -> list[LayerKV]:
+        return [LayerKV(self.head_dim[i] * self.n_head_kv[i], self.head_dim[i] * self.n_head_kv[i],
+                        device_of_layer(i), self.window if self.swa[i] else 0) for i in range(self.n_layer)]
+
+    def forward(self, g, inp):
+        """-> logits [n_vocab, n_outputs]."""
+        n_tokens = inp.n_tokens
+        x = inp.embed(g, self.tok_embd, math.sqrt(self.n_embd))                  # [n_embd, n_tokens]
+        for il, L in enumerate(self.layers):
+            d, n_head, n_head_kv = self.head_dim[il], self.n_head[il], self.n_head_kv[il]
+            factors = None if self.swa[il] else self.rope_freqs
+            h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
+            q = g.reshape(inp.mm(g, L.wq, h), d, n_head, n_tokens)
+            q = self._rope(g, il, g.mul(g.rms_norm(q, self.eps), L.q_norm), inp.positions, factors)
+            k = inp.mm(g, L.wk, h)
+            v = inp.mm(g, L.wv, h) if L.wv is not None else k
+            k = g.reshape(k, d, n_head_kv, n_tokens)
+            v = g.rms_norm(g.reshape(v, d, n_head_kv, n_tokens), self.eps)
+            k = self._rope(g, il, g.mul(g.rms_norm(k, self.eps), L.k_norm), inp.positions, factors)
+            a = inp.mm(g, L.wo, inp.kv.attention(g, il, q, k, v, 1.0))
+            x = g.add(g.mul(g.rms_norm(a, self.eps), L.attn_post_norm), x)
+            h = g.mul(g.rms_norm(x, self.eps), L.ffn_norm)
+            h = inp.mm(g, L.ffn_down, g.geglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h)))
+            x = g.add(g.mul(g.rms_norm(h, self.eps), L.ffn_post_norm), x)
+            if L.out_scale is not None:
+                x = g.mul(x, L.out_scale)
+        x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
+        if inp.out_ids is not None:
+            x = g.get_rows(x, inp.out_ids)
+        logits = inp.mm(g, self.output, x)
+        if self.softcap:
+            logits = g.scale(g.tanh(g.scale(logits, 1.0 / self.softcap)), self.softcap)
+        return logits
+
+    def _rope(self, g, il, t, pos, factors):
+        return g.rope(t, pos, self.n_rot[il], self.rope_type, self.n_ctx_orig, self.rope_base[il], 1.0,
+                      0.0, 1.0, 32.0, 1.0, factors)
