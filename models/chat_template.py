@@ -80,10 +80,11 @@ def _environment() -> jinja2.Environment:
 class ChatTemplate:
     """A compiled chat template with the model's BOS/EOS token texts."""
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", add_bos: bool = False):
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.add_bos = add_bos   # the tokenizer adds BOS: a rendered leading BOS text is dropped
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as e:
@@ -91,8 +92,9 @@ class ChatTemplate:
         self.supports_typed_content = self._probe_typed_content()
 
     @classmethod
-    def from_metadata(cls, meta: dict) -> "ChatTemplate":
-        """The GGUF's template, or ChatML (with a warning) when it has none."""
+    def from_metadata(cls, meta: dict, add_bos: bool = False) -> "ChatTemplate":
+        """The GGUF's template, or ChatML (with a warning) when it has none. add_bos:
+        the model's tokenizer adds BOS (Tokenizer.vocab.add_bos)."""
         tokens = meta.get("tokenizer.ggml.tokens") or []
 
         def text(key):
@@ -103,7 +105,7 @@ class ChatTemplate:
         if not source:
             log.warning("model has no tokenizer.chat_template: using ChatML")
             source = CHATML
-        return cls(source, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"))
+        return cls(source, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"), add_bos=add_bos)
 
     def _probe_typed_content(self) -> bool:
         """Does the template read content given as a list of typed parts? (as minja probes)"""
@@ -116,11 +118,17 @@ class ChatTemplate:
     def _render(self, messages, add_generation_prompt, tools, extra) -> str:
         # llama.cpp's extra context (common/chat.cpp common_chat_extra_context): today's
         # date for templates that print it (Llama 3.x: "Today Date: 23 Nov 2026")
+        # llama-server renders with enable_thinking true (its default --reasoning auto) unless
+        # asked otherwise: Gemma 4's template opens its system turn with <|think|> then
         now = datetime.now()
-        context = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": True,
                    "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"), **extra}
-        return self._template.render(messages=messages, tools=tools,
+        text = self._template.render(messages=messages, tools=tools,
                                      add_generation_prompt=add_generation_prompt, **context)
+        # common/chat.cpp: the tokenizer adds BOS, so a BOS the template wrote is dropped
+        if self.add_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token):]
+        return text
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None, *,
                continue_final_message: bool = False, image_marker: str = IMAGE_MARKER,

@@ -60,8 +60,9 @@ class LoadedModel:
         if override is not None:
             tok = self.tokenizer
             return ChatTemplate(override, bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id >= 0 else "",
-                                eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id >= 0 else "")
-        return ChatTemplate.from_metadata(self.gguf.metadata)
+                                eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id >= 0 else "",
+                                add_bos=tok.vocab.add_bos)
+        return ChatTemplate.from_metadata(self.gguf.metadata, add_bos=self.tokenizer.vocab.add_bos)
 
     def _kernel_kinds(self, matmul_names) -> dict:
         """Weights whose CPU kernel depends on the row count of the call
