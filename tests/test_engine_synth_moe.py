@@ -1,0 +1,250 @@
+"""Mixture-of-experts architectures of issue 16 (qwen3moe, gpt-oss, llama4) against
+llama.cpp on the synthetic golden models (../shared/golden/synth: random weights,
+real vocabularies and chat templates): greedy continuations and top-5 logprobs of
+every golden prompt and chat, chat renderings, batching that does not change them
+(four prompts together, a prompt in chunks, a reused prefix), the weights llama.cpp
+repacks, chunked attention's mask, and a wrong expert count."""
+import datetime
+
+import numpy as np
+import pytest
+
+from ggserve.models.chat_template import ChatTemplate
+from ggserve.models.memory import LayerKV
+from ggserve.models.registry import ModelError
+from ggserve.native import ggml
+from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.engine import Engine
+from ggserve.server.kv_cache import KVCache
+from ggserve.server.loader import LoadedModel
+from engine_helpers import generate, max_logprob_deviation, tokens
+from synth_golden import chat, completions, model_path, steps
+
+ARCHS = ("qwen3moe", "gpt-oss", "llama4")
+NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
+LOGPROB_TOL = 0.01
+GOLDEN = completions()["models"]
+CHATS = chat()["models"]
+CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in GOLDEN[arch]]
+CHAT_CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in CHATS[arch]]
+FOUR = ("capital", "story", "code_fib", "qa_math")
+
+
+def _case(arch: str, key: str) -> dict:
+    return next(c for c in GOLDEN[arch] if c["key"] == key)
+
+
+def _engine(arch: str, **kw) -> Engine:
+    kw.setdefault("n_ctx", 4096)
+    kw.setdefault("n_batch", 512)       # llama-server's ubatch: prompts > 512 tokens are cut the same way
+    kw.setdefault("n_parallel", 1)
+    return Engine(model_path(arch), n_threads=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    made = {}
+    yield lambda arch: made.setdefault(arch, _engine(arch))
+    for e in made.values():
+        e.close()
+
+
+_RUNS = {}
+
+
+def _run(engines, arch, key, prompt, n):
+    if (arch, key) not in _RUNS:
+        engine = engines(arch)
+        engine.clear_cache()
+        _RUNS[arch, key] = generate(engine, {"r": prompt}, n)["r"]
+    return _RUNS[arch, key]
+
+
+def _gap(step):
+    top = sorted((lp for _, lp in step["top_logprobs"]), reverse=True)
+    return top[0] - top[1]
+
+
+def _assert_greedy_equal(ours, gold, gold_steps):
+    i = next((i for i, (x, y) in enumerate(zip(ours, gold)) if x != y), None)
+    if i is None:
+        assert ours == gold
+    else:
+        step = gold_steps[i]
+        assert step["probs_available"] and _gap(step) < NEAR_TIE, (
+            f"diverged at step {i}: ours {ours[i]}, llama.cpp {gold[i]}, llama.cpp top-2 gap "
+            f"{_gap(step) if step['probs_available'] else 'n/a'}")
+
+
+def _chat_completion(case: dict) -> dict:
+    """llama-server's greedy answer to the rendered chat: /v1/chat/completions, or for
+    gpt-oss (whose harmony parser rejects random text with a 500) /completion of the
+    rendered prompt (the golden README's fallback)."""
+    cc = case["chat_completion"]
+    return cc.get("fallback_completion_of_rendered_prompt", cc)
+
+
+def test_every_moe_architecture_has_golden_prompts_and_chats():
+    assert {arch: (len(GOLDEN[arch]), len(CHATS[arch])) for arch in ARCHS} == {arch: (7, 3) for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch,case", CASES)
+def test_greedy_tokens_equal_llama_cpp(engines, arch, case):
+    events = _run(engines, arch, case["key"], case["prompt_ids"], len(case["generated_ids"]))
+    _assert_greedy_equal(tokens(events), case["generated_ids"], steps(case))
+
+
+@pytest.mark.parametrize("arch,case", CASES)
+def test_top5_logprobs_within_tolerance(engines, arch, case):
+    events = _run(engines, arch, case["key"], case["prompt_ids"], len(case["generated_ids"]))
+    worst = max_logprob_deviation(events, steps(case))
+    print(f"max |logprob difference| {worst:.6f}")      # reported with pytest -s
+    assert worst <= LOGPROB_TOL, f"max |logprob difference| {worst:.4f}"
+
+
+@pytest.mark.parametrize("arch,case", CHAT_CASES)
+def test_chat_renders_and_tokenizes_as_llama_cpp(arch, case):
+    meta = GGUFFile(model_path(arch)).metadata
+    req = case["request"]
+    text = ChatTemplate.from_metadata(meta).render(req["messages"], req["add_generation_prompt"],
+                                                   tools=req.get("tools"))
+    # the templates print today's date (gpt-oss "Current date: 2026-11-23", Llama 3 "Today Date: 23 Nov 2026")
+    made = datetime.date(2026, 11, 23)
+    today = datetime.date.today()
+    gold = case["prompt"].replace(made.isoformat(), today.isoformat()).replace(
+        made.strftime("%d %b %Y"), today.strftime("%d %b %Y"))
+    assert text == gold
+    if today == made:
+        from ggserve.models.tokenizer import Tokenizer
+        ids = Tokenizer.from_metadata(meta).encode(text, add_special=True, parse_special=True)
+        assert ids == case["prompt_ids_add_special_parse_special"]
+
+
+@pytest.mark.parametrize("arch,case", CHAT_CASES)
+def test_chat_answer_equals_llama_cpp(engines, arch, case):
+    gold = _chat_completion(case)
+    events = _run(engines, arch, "chat-" + case["key"], case["prompt_ids_add_special_parse_special"],
+                  len(gold["generated_ids"]))
+    gold_steps = steps(gold)
+    _assert_greedy_equal(tokens(events), gold["generated_ids"], gold_steps)
+    assert max_logprob_deviation(events, gold_steps) <= LOGPROB_TOL
+
+
+# llama.cpp ran each golden prompt alone, so "equal to each alone" is "equal to the golden"
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_four_prompts_in_one_batch_equal_each_alone(arch):
+    e = _engine(arch, n_parallel=4)
+    together = generate(e, {k: _case(arch, k)["prompt_ids"] for k in FOUR}, 24)
+    e.close()
+    assert {k: tokens(v) for k, v in together.items()} == {k: _case(arch, k)["generated_ids"][:24] for k in FOUR}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompt_in_chunks_equals_whole(arch):
+    case = _case(arch, "long_prose")         # ~610 tokens, in chunks of 97
+    e = _engine(arch, n_batch=97)
+    chunked = generate(e, {"r": case["prompt_ids"]}, 24)["r"]
+    e.close()
+    assert tokens(chunked) == case["generated_ids"][:24]
+    assert max_logprob_deviation(chunked, steps(case)) <= LOGPROB_TOL
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reusing_a_cached_prefix_gives_the_same_tokens(arch):
+    prefix = _case(arch, "long_prose")["prompt_ids"][:200]
+    question = _case(arch, "capital")["prompt_ids"]
+    e = _engine(arch)
+    fresh = tokens(generate(e, {"q": prefix + question}, 24)["q"])
+    e.close()
+    e = _engine(arch, n_parallel=2)
+    generate(e, {"warm": prefix + _case(arch, "story")["prompt_ids"]}, 4)
+    events = generate(e, {"q": prefix + question}, 24)["q"]      # reuses the warm prompt's prefix
+    e.close()
+    assert events[0].n_cached >= 190
+    assert tokens(events) == fresh
+
+
+def test_mxfp4_experts_are_repacked_as_llama_cpp_repacks_them():
+    # ggml-cpu repacks MXFP4 (and Q4_0) stacks of experts for mul_mat_id on AVX2
+    # (mxfp4_8x8); Q8_0 ones are left as they are: other kernels, other rounding
+    lm = LoadedModel(model_path("gpt-oss"))
+    repacked = set(lm.weights["CPU_REPACK"].tensors)
+    types = {name: ggml.type_name(t.type) for b in lm.weights.values() for name, t in b.tensors.items()}
+    lm.close()
+    experts = {n for n in types if "_exps.weight" in n}
+    assert {types[n] for n in experts} == {"mxfp4"}
+    assert experts <= repacked
+    lm = LoadedModel(model_path("llama4"))
+    assert "CPU_REPACK" not in lm.weights
+    lm.close()
+
+
+def test_a_wrong_expert_count_names_the_file_and_tensor(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    src = GGUFFile(model_path("qwen3moe"))
+    reader = gguf.GGUFReader(model_path("qwen3moe"))
+    path = tmp_path / "sixteen_experts.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    for key, value in src.metadata.items():
+        if key.startswith("qwen3moe."):
+            value = 16 if key == "qwen3moe.expert_count" else value
+            (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
+    for t in reader.tensors:       # the 8-expert tensors as they are (raw quantized bytes)
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(src.metadata["tokenizer.ggml.tokens"][:1000])
+    w.add_token_types([1] * 1000)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelError, match=r"sixteen_experts.gguf: tensor 'blk.0.ffn_gate_inp.weight' holds 8 "
+                                         r"experts, the metadata says expert_count = 16"):
+        Engine(str(path))
+
+
+def test_chunked_attention_mask_sees_only_the_tokens_own_chunk():
+    # llama4's chunked layers (llama.cpp's LLAMA_SWA_TYPE_CHUNKED): a token at
+    # position p sees positions p // chunk * chunk .. p of its sequence
+    backend = ggml.Backend(n_threads=1)
+    cache = KVCache(backend, [LayerKV(8, 8, backend.cpu, chunk=4), LayerKV(8, 8, backend.cpu)], 16)
+    cells = np.arange(10)
+    cache.commit(cells, np.zeros(10, dtype=np.int64), np.arange(10, dtype=np.int32))
+    seq = np.zeros(3, dtype=np.int64)
+    pos = np.array([3, 4, 9], dtype=np.int32)
+    chunked = cache.build_mask(0, 10, seq, pos, chunk=4) == 0
+    causal = cache.build_mask(0, 10, seq, pos) == 0
+    cache.close()
+    backend.close()
+    assert chunked.astype(int).tolist() == [[1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+                                            [0, 0, 0, 0, 1, 0, 0, 0, 0, 0],
+                                            [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]]
+    assert causal.astype(int).sum(axis=1).tolist() == [4, 5, 10]
+    assert cache.mask_kinds == [(0, 0), (0, 4)]
+
+
+@pytest.mark.parametrize("arch,key", [
+    pytest.param("llama4", "system_user", marks=pytest.mark.xfail(strict=True, reason=(
+        "the server cuts the prompt at the user turn it finds in the Llama 3 template's plain-text "
+        "headers (kernel_parity.user_turn_opener), llama-server did not: the engine alone, without "
+        "that cut, gives llama-server's 24 tokens (test_chat_answer_equals_llama_cpp); served, "
+        "step 22 differs (llama.cpp's top-2 gap 0.20)"))),
+    ("qwen3moe", "system_user")])
+def test_served_chat_completion_equals_llama_server(arch, key):
+    # through a real server: the model's own template renders the messages, greedy
+    # decoding answers; llama-server's /v1/chat/completions gave this message
+    import openai
+
+    from ggserve.server.app import ServerConfig, create_app
+    from server_harness import RunningServer
+
+    case = next(c for c in CHATS[arch] if c["key"] == key)
+    gold = case["chat_completion"]
+    with RunningServer(create_app(ServerConfig(model=model_path(arch), n_ctx=4096, n_parallel=1,
+                                               n_batch=512, n_threads=2))) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        r = client.chat.completions.create(model="m", messages=case["request"]["messages"], temperature=0,
+                                           max_tokens=gold["completion_tokens"])
+    assert r.usage.prompt_tokens == gold["prompt_tokens"]
+    assert r.choices[0].message.content == gold["message"]["content"]
