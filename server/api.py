@@ -56,11 +56,9 @@ class API:
 
     @property
     def grammars(self):
-        """Grammar compiler for the model's vocabulary (built on first use)."""
-        if getattr(self, "_grammars", None) is None:
-            from .grammar import Grammars
-            self._grammars = Grammars(self.engine.tokenizer)
-        return self._grammars
+        """Grammar compiler for the model's vocabulary."""
+        self.engine                     # 503 while loading
+        return self.service.grammars
 
     def check_auth(self, request: Request) -> None:
         if not self.cfg.api_keys or request.url.path in _PUBLIC:

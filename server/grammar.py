@@ -182,7 +182,7 @@ def tool_call_lark(grammars: Grammars, fmt: co.Format, names: list[str], paralle
         alts = []
         for n in names:
             if isinstance(fmt, co.KimiK2):
-                head = f"{lit(fmt.call_open)} \"functions.{n}:\" /[0-9]+/ {lit(fmt.name_end)}"
+                head = f"{lit(fmt.call_open)} \"functions.{n}:\" /[0-9]{{1,4}}/ {lit(fmt.name_end)}"
             elif isinstance(fmt, co.DeepSeekR1):
                 head = (f"{lit('<｜tool▁call▁begin｜>')} \"function\" {lit('<｜tool▁sep｜>')} "
                         f"\"{n}\\n```json\\n\"")

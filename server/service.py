@@ -182,6 +182,7 @@ class Service:
         self._load_engine = load_engine
         self.engine = None
         self.prompts = None                   # PromptBuilder, once the engine is loaded
+        self.grammars = None                  # server/grammar.py Grammars, idem
         self._make_prompts = make_prompts
         self.n_parallel = n_parallel
         self.max_queue = max_queue
@@ -238,6 +239,11 @@ class Service:
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load_engine)
             self.prompts = self._make_prompts(self.engine)
+            from .grammar import Grammars
+            self.grammars = Grammars(self.engine.tokenizer)
+            # llguidance's copy of the vocabulary (~1 s for 150k tokens), built before
+            # the first request with a schema needs it
+            self._prompt_executor.submit(lambda: self.grammars.ll_tokenizer)
         except Exception as e:
             log.exception("failed to load the model")
             self.load_error = e

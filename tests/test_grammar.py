@@ -1,0 +1,112 @@
+"""Constrained decoding (server/grammar.py) on real vocabularies, and the grammar's
+mask inside the batched sampler (server/sampling.py)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from ggserve.models.tokenizer.tokenizer import Tokenizer
+from ggserve.server import chat_output as co
+from ggserve.server.grammar import GrammarError, Grammars, tool_call_lark
+from ggserve.server.sampling import SamplingParams, SequenceSampler, sample_batch
+
+SYNTH = "/work/shared/golden/synth/models"
+if not os.path.isdir(SYNTH):
+    SYNTH = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden", "synth", "models")
+TEMPLATES = os.path.join(os.path.dirname(__file__), "data", "templates")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]}}}]
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    tok = Tokenizer.from_gguf(smollm2_path)
+    return tok, Grammars(tok)
+
+
+def test_invalid_json_schema_is_refused_with_the_reason(smollm2):
+    _, g = smollm2
+    with pytest.raises(GrammarError, match="nope"):
+        g.compile("json_schema", {"type": "nope"})
+
+
+def test_invalid_gbnf_is_refused(smollm2):
+    _, g = smollm2
+    with pytest.raises(GrammarError):
+        g.compile("gbnf", 'root ::= ("a" | ')
+
+
+def walk(tok, grammar, max_tokens=200) -> list[int]:
+    """Generate as a 'model' that likes closing quotes and brackets, within the mask."""
+    c = grammar.matcher()
+    order = [b'"', b"}", b"]", b",", b":"]
+    closers = sorted((i for i in range(tok.n_vocab) if tok.token_bytes(i) in order),
+                     key=lambda i: order.index(tok.token_bytes(i)))
+    out = []
+    for _ in range(max_tokens):
+        allowed = ~c.banned()
+        if any(allowed[i] for i in tok.eog_ids if i < allowed.size):
+            return out
+        pick = next((i for i in closers if allowed[i]), None)
+        t = int(pick if pick is not None else np.flatnonzero(allowed)[0])
+        out.append(t)
+        c.accept(t)
+    raise AssertionError("the grammar never allowed the end")
+
+
+def test_json_schema_walk_gives_valid_json(smollm2):
+    tok, g = smollm2
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}, "s": {"type": "string"}},
+              "required": ["n", "s"], "additionalProperties": False}
+    obj = json.loads(tok.decode(walk(tok, g.compile("json_schema", schema))))
+    assert set(obj) == {"n", "s"} and obj["n"] >= 1
+
+
+@pytest.mark.parametrize("model,template", [
+    ("synth-qwen3-q8_0.gguf", "Qwen-Qwen3-0.6B"),
+    ("synth-gpt-oss-mxfp4_moe.gguf", "openai-gpt-oss-120b"),
+    ("synth-mistral3-q8_0.gguf", "Mistral-Small-3.2-24B-Instruct-2506"),
+    (None, "meta-llama-Llama-3.1-8B-Instruct"),
+    (None, "mistralai-Mistral-Nemo-Instruct-2407"),
+    (None, "deepseek-ai-DeepSeek-V3.1"),
+    (None, "moonshotai-Kimi-K2"),
+])
+def test_forced_tool_call_parses_as_the_named_call(smollm2, model, template):
+    """Whatever the model picks within the mask, the parser reads the named tool's call."""
+    if model is None:
+        tok, g = smollm2
+    else:
+        path = os.path.join(SYNTH, model)
+        if not os.path.exists(path):
+            pytest.skip("synthetic models not here")
+        tok = Tokenizer.from_gguf(path)
+        g = Grammars(tok)
+    with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
+        fmt = co.detect(f.read())(TOOLS)
+    grammar = g.compile("lark", tool_call_lark(g, fmt, ["add"], parallel=False))
+    shown = co.shown_tokens(tok, fmt)
+    text = b"".join(tok.token_bytes(t, special=t in shown) for t in walk(tok, grammar)).decode()
+    [c] = co.parse(text, fmt).calls
+    assert c.name == "add" and set(json.loads(c.args)) == {"a", "b"}
+
+
+def test_mask_applies_to_the_grammar_row_only(smollm2):
+    tok, g = smollm2
+    grammar = g.compile("gbnf", 'root ::= "yes" | "no"')
+    yes, no = tok.encode("yes", add_special=False)[0], tok.encode("no", add_special=False)[0]
+    logits = np.zeros((2, tok.n_vocab), dtype=np.float32)
+    logits[:, 42] = 10.0           # the favourite, which the grammar does not allow
+    logits[:, no] = 1.0
+    free = SequenceSampler(SamplingParams(temperature=0))
+    bound = SequenceSampler(SamplingParams(temperature=0, grammar=grammar))
+    assert [r.token for r in sample_batch(logits, [free, bound])] == [42, no]
+    bound.accept(no)
+    # after "no" only the end of generation is allowed
+    assert not bound.constraint.banned()[tok.eos_id]
+    assert yes != no
