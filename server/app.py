@@ -24,7 +24,7 @@ from starlette.routing import Route
 from . import chat_page
 from .api import API
 from .errors import exception_handlers, to_api_error
-from .generation_api import chat, completions
+from .generation_api import apply_template, chat, completions
 from .media import MediaConfig
 from .metrics import Metrics
 from .service import Service
@@ -113,6 +113,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/metrics",), api.metrics_endpoint, ["GET"], "metrics"),
         (("/v1/chat/completions", "/chat/completions"), functools.partial(chat, api), ["POST"], "chat"),
         (("/v1/completions", "/completions"), functools.partial(completions, api), ["POST"], "completions"),
+        (("/apply-template",), functools.partial(apply_template, api), ["POST"], "apply_template"),
         (("/tokenize",), api.tokenize, ["POST"], "tokenize"),
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
     ]:

@@ -75,6 +75,14 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
     except ValueError as e:
         raise invalid(str(e), param="messages") from None
 
+async def apply_template(api: API, request: Request) -> Response:
+    """llama-server's /apply-template: a chat request's prompt text, not run."""
+    req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
+    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
+    prompt = await chat_prompt(api, req, opts)
+    return JSONResponse({"prompt": prompt.text})
+
+
 async def chat(api: API, request: Request) -> Response:
     req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
     api.check_fields(req)

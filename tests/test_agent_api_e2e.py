@@ -268,3 +268,76 @@ def test_llama_cpp_fields_not_done_here_are_refused(server, field, value):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "hi"}], field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+# -- reasoning (SmolLM2 with Qwen3's template) ------------------------------------------
+
+QWEN3 = os.path.join(os.path.dirname(__file__), "data", "templates", "Qwen-Qwen3-0.6B.jinja")
+THINK_THEN_ANSWER = 'root ::= "<think>\\nThe user greets me.\\n</think>\\n\\n" "Hello!"'
+
+
+@pytest.fixture(scope="module")
+def qwen3(smollm2_path):
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=2, n_batch=256, n_threads=1,
+                       chat_template_file=QWEN3)
+    with RunningServer(create_app(cfg)) as srv:
+        yield srv
+
+
+def _chat(srv, **body):
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_think_block_goes_to_reasoning_content(qwen3):
+    r = _chat(qwen3, messages=[{"role": "user", "content": "Hi"}], grammar=THINK_THEN_ANSWER)
+    msg = r["choices"][0]["message"]
+    assert (msg["reasoning_content"], msg["content"]) == ("The user greets me.", "Hello!")
+
+
+def test_streamed_reasoning_arrives_as_reasoning_deltas(qwen3):
+    client = openai.OpenAI(base_url=qwen3.url + "/v1", api_key="none", max_retries=0)
+    reasoning = content = ""
+    for chunk in client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}],
+                                                stream=True, extra_body={"grammar": THINK_THEN_ANSWER}):
+        d = chunk.choices[0].delta
+        reasoning += getattr(d, "reasoning_content", None) or ""
+        content += d.content or ""
+    assert (reasoning, content) == ("The user greets me.", "Hello!")
+
+
+def test_reasoning_format_none_keeps_the_think_block_in_content(qwen3):
+    r = _chat(qwen3, messages=[{"role": "user", "content": "Hi"}], grammar=THINK_THEN_ANSWER,
+              reasoning_format="none")
+    msg = r["choices"][0]["message"]
+    assert "reasoning_content" not in msg
+    assert msg["content"] == "<think>\nThe user greets me.\n</think>\n\nHello!"
+
+
+def _prompt(srv, **body) -> str:
+    r = httpx.post(srv.url + "/apply-template", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["prompt"]
+
+
+def test_chat_template_kwargs_reach_the_template(qwen3):
+    hi = [{"role": "user", "content": "Hi"}]
+    assert _prompt(qwen3, messages=hi) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert _prompt(qwen3, messages=hi, chat_template_kwargs={"enable_thinking": False}) == \
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_earlier_reasoning_content_reaches_the_template(qwen3):
+    turn = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
+             "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                 "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+    assert "<|im_start|>assistant\n<think>\nI should call the tool.\n</think>\n\n<tool_call>" in \
+        _prompt(qwen3, messages=turn, tools=TOOLS)
+
+
+def test_final_assistant_message_is_left_open(qwen3):
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]
+    assert _prompt(qwen3, messages=msgs).endswith("<|im_start|>assistant\nHello, I am")
