@@ -14,6 +14,9 @@ class ForwardInputs:
     images: object | None = None   # f32 [n_embd, n_image_rows]: image embedding rows of the batch
     order: object | None = None    # i32 [n_tokens]: batch row -> row of concat(token rows, image rows)
     recurrent: object | None = None  # models.memory.RecurrentStep (hybrid models)
+    # (first row, rows) per sequence of the batch, in batch order (each sequence's rows
+    # are contiguous; `recurrent`'s states come in this order)
+    seq_rows: tuple = ()
     kernel_of: dict | None = None   # weight -> "repack" | "tiled" (others: absent)
     plans: dict | None = None       # kind -> row plan for this batch (server.kernel_parity.RowPlan)
     n_outputs: int = 0

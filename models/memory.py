@@ -51,6 +51,22 @@ class AttentionStep(Protocol):
         (sinks: f32 [n_head] attention-sink logits, or None)."""
 
 
+def equal_blocks(seq_rows) -> list[tuple[int, int, int, int]]:
+    """The batch's sequences as blocks a recurrent layer computes in one call:
+    (first row, rows per sequence, first sequence, sequences) for each run of
+    consecutive sequences with the same number of rows, e.g. all the decodes of a
+    step. A block is a [n_seq_tokens, n_seqs] tensor, as llama.cpp's equal-split
+    ubatches give them to its recurrent layers."""
+    blocks = []
+    for i, (row, n) in enumerate(seq_rows):
+        if blocks and blocks[-1][1] == n:
+            r0, _, s0, k = blocks[-1]
+            blocks[-1] = (r0, n, s0, k + 1)
+        else:
+            blocks.append((row, n, i, 1))
+    return blocks
+
+
 class RecurrentStep(Protocol):
     """One step's recurrent states: one row per sequence in the batch, in the
     order of `ForwardInputs.seq_rows`."""

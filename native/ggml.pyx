@@ -48,6 +48,7 @@ BF16 = GGML_TYPE_BF16
 
 ROPE_NORMAL = 0
 ROPE_NEOX = 2
+ROPE_IMROPE = 40      # interleaved M-RoPE (Qwen3-VL, Qwen3.5)
 
 POOL_AVG = GGML_OP_POOL_AVG
 POOL_MAX = GGML_OP_POOL_MAX
@@ -449,6 +450,34 @@ cdef class Graph:
         return self._t(ggml_swiglu_oai(self.ctx, gate.ptr, up.ptr, alpha, limit))
     def repeat_4d(self, Tensor a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3=1):
         return self._t(ggml_repeat_4d(self.ctx, a.ptr, ne0, ne1, ne2, ne3))
+
+    # -- recurrent layers (gated delta net), M-RoPE ---------------------------------
+
+    def softplus(self, Tensor a): return self._t(ggml_softplus(self.ctx, a.ptr))
+
+    def ssm_conv(self, Tensor sx, Tensor c):
+        """Depthwise causal convolution: sx [d_conv - 1 + n_tokens, channels, n_seqs]
+        (the previous d_conv - 1 inputs, then the new ones), c [d_conv, channels]
+        -> [channels, n_tokens, n_seqs]."""
+        return self._t(ggml_ssm_conv(self.ctx, sx.ptr, c.ptr))
+
+    def gated_delta_net(self, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state):
+        """q, k [S, H_k, n_tokens, n_seqs], v [S, H_v, n_tokens, n_seqs], g and beta
+        [1, H_v, n_tokens, n_seqs], state [S, S, H_v, n_seqs] -> f32 holding the
+        outputs [S, H_v, n_tokens, n_seqs] followed by the final states [S, S, H_v, n_seqs]."""
+        return self._t(ggml_gated_delta_net(self.ctx, q.ptr, k.ptr, v.ptr, g.ptr, beta.ptr, state.ptr, 1))
+
+    def rope_multi(self, Tensor a, Tensor pos, int n_dims, tuple sections, int mode, int n_ctx_orig=0,
+                   float freq_base=10000.0, float freq_scale=1.0, float ext_factor=0.0,
+                   float attn_factor=1.0, float beta_fast=32.0, float beta_slow=1.0):
+        """Multi-dimensional rotary embedding (M-RoPE) of a: [head_dim, n_head, n_tokens]
+        at positions pos (i32 [4 * n_tokens], dim-major); sections: 4 counts of
+        rotated pairs per position dimension."""
+        cdef int secs[4]
+        for i in range(4):
+            secs[i] = sections[i] if i < len(sections) else 0
+        return self._t(ggml_rope_multi(self.ctx, a.ptr, pos.ptr, NULL, n_dims, secs, mode, n_ctx_orig,
+                                       freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow))
 
     # -- layout ------------------------------------------------------------------
 

@@ -25,6 +25,11 @@ class Batch:
         """(slots, row counts), one per chunk."""
         return [c.seq.slot for c in self.chunks], [c.n for c in self.chunks]
 
+    def seq_rows(self) -> tuple[tuple[int, int], ...]:
+        """(first row, rows) per sequence, in batch order: one chunk per sequence, its rows together."""
+        starts = np.cumsum([0] + [c.n for c in self.chunks[:-1]])
+        return tuple((int(r), c.n) for r, c in zip(starts, self.chunks))
+
 
 def assemble(chunks, images, n_pos: int) -> Batch:
     """images: the image store (every tile the chunks reach is in it: the plan saw to that)."""
@@ -32,7 +37,7 @@ def assemble(chunks, images, n_pos: int) -> Batch:
     if n_pos == 1:
         positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])[None, :]
     else:
-        positions = np.concatenate([c.seq.positions(c.start, c.n) for c in chunks], axis=1)
+        positions = np.concatenate([_positions(c.seq, c.start, c.n, n_pos) for c in chunks], axis=1)
     seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
     out_rows, out_chunks, row = [], [], 0
     for c in chunks:
@@ -43,6 +48,15 @@ def assemble(chunks, images, n_pos: int) -> Batch:
     blocks, span_ids = _image_rows(chunks, len(tokens), images)
     return Batch(tuple(chunks), tokens, positions, seq_ids, np.asarray(out_rows, dtype=np.int32), out_chunks,
                  blocks, span_ids)
+
+
+def _positions(seq, start: int, n: int, n_pos: int) -> np.ndarray:
+    """int32 [n_pos, n]. A text prompt of an M-RoPE model (no positions given: each
+    token's is its index p) gets llama.cpp's text positions (p, p, p, 0)."""
+    p = seq.positions(start, n)
+    if len(p) < n_pos:
+        p = np.concatenate([np.repeat(p, n_pos - 1, axis=0), np.zeros((1, n), dtype=np.int32)])
+    return p
 
 
 def _image_rows(chunks, n, images):

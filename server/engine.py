@@ -66,7 +66,8 @@ class Engine:
                              n_seqs=n_parallel, type_k=ggml.type_by_name(cache_type_k),
                              type_v=ggml.type_by_name(cache_type_v), n_pos=self.n_pos)
         self.kv = self.memory.kv
-        self.parity = KernelParity(kernel_parity, lm.kernel_of, self.kv.has_swa)
+        self.parity = KernelParity(kernel_parity, lm.kernel_of,
+                                   self.kv.has_swa or self.memory.recurrent is not None)
         self.encoder = ImageEncoder(self.vision, lm.device_of_layer(0), self.n_threads) if self.vision else None
         self.images = ImageStore(image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch, max_stall_ms / 1000)

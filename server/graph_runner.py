@@ -48,7 +48,9 @@ class GraphRunner:
             st = kv.declare(g, n_batch, kv.worst_case_calls(n_batch, self.parity.min_attention_rows))
             inp = ForwardInputs(tokens, pos, out_ids, st, n_batch)
             if self.memory.recurrent is not None:
-                inp.recurrent = self.memory.recurrent.step(g, np.arange(min(n_batch, n_seqs)))
+                k = min(n_batch, n_seqs)      # k sequences: k - 1 decodes and one prompt chunk
+                inp.recurrent = self.memory.recurrent.step(g, np.arange(k))
+                inp.seq_rows = tuple((i, 1) for i in range(k - 1)) + ((k - 1, n_batch - k + 1),)
             g.output(self.model.forward(g, inp))
             self.backend.reserve(g)
         finally:
@@ -86,19 +88,20 @@ class GraphRunner:
                 values[name] = np.arange(lo, hi, dtype=np.int32)
             if n_tok:
                 values["row_order"] = self._row_order(is_token)
+        seq_rows = batch.seq_rows()
         seqs = None
         if self.memory.recurrent is not None:
-            seqs = np.asarray(sorted(set(batch.seq_ids.tolist())), dtype=np.int64)
-            values.update(self.memory.recurrent.step_values(seqs))
+            seqs, _ = batch.per_sequence()        # state rows in batch order
+            values.update(self.memory.recurrent.step_values(np.asarray(seqs, dtype=np.int64)))
         # the graph is a function of these; the values above are its inputs
         key = (n, n_tok, all_out or n_out, tuple(calls), tuple(p.key for p in plans),
-               None if seqs is None else len(seqs))
+               tuple(r[1] for r in seq_rows))
         built = self._graph
         if blocks or built is None or built.key != key or not self.backend.holds(built.graph):
             if built is not None:
                 built.graph.close()
             built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), calls, plans,
-                                              blocks, seqs)
+                                              blocks, seqs, seq_rows)
             self.graph_builds += 1
         try:
             t = time.perf_counter()
@@ -141,14 +144,14 @@ class GraphRunner:
             rows = block if rows is None else g.concat(rows, block, 1)
         return rows
 
-    def _build(self, key, n, n_tok, n_out, calls, plans, image_blocks, seqs) -> BuiltGraph:
+    def _build(self, key, n, n_tok, n_out, calls, plans, image_blocks, seqs, seq_rows) -> BuiltGraph:
         """The forward graph for a batch of this shape (n_out None: logits for every row)."""
         g = self.backend.graph()
         try:
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n * self.n_pos,))
             t_out = g.input("out_ids", ggml.I32, (n_out,)) if n_out is not None else None
-            inp = ForwardInputs(t_tokens, t_pos, t_out, self.memory.kv.declare(g, n, calls), n)
+            inp = ForwardInputs(t_tokens, t_pos, t_out, self.memory.kv.declare(g, n, calls), n, seq_rows=seq_rows)
             if seqs is not None:
                 inp.recurrent = self.memory.recurrent.step(g, seqs)
             if plans:

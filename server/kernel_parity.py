@@ -8,7 +8,7 @@ row, the kernel llama-server would use:
 
 - solo ubatches: the ubatch (first position, rows) llama-server computes the row
   in (`solo_ubatches`), including its cuts at images, context checkpoints and
-  user turns of sliding-window models (`turn_starts`);
+  user turns of sliding-window and hybrid models (`turn_starts`);
 - matmul row plans (`RowPlan`): rows that take the many-row kernel of repacked
   (gemm) or k-quant (tiled) weights are gathered into such calls;
 - flash-attention calls (`attention_calls`): tiled, split or row-by-row, over the
@@ -55,11 +55,13 @@ SPLIT_KV_MIN = 512
 class KernelParity:
     """The per-step decisions above, or plain calls when disabled."""
 
-    def __init__(self, enabled: bool, kernel_of: dict, has_swa: bool):
+    def __init__(self, enabled: bool, kernel_of: dict, checkpoints: bool):
         self.enabled = enabled
         self.kernel_of = kernel_of if enabled else {}     # weight -> "repack" | "tiled"
         self.kinds = sorted(set(self.kernel_of.values()))
-        self.has_swa = has_swa
+        # llama-server saves context checkpoints (and cuts batches for them) for models
+        # whose memory cannot be cut back: sliding-window and recurrent layers
+        self.checkpoints = checkpoints
         # the fewest rows an attention call has (padding), for the worst-case reservation
         self.min_attention_rows = FA_TILED_MIN_ROWS if enabled else 1
 
@@ -67,7 +69,7 @@ class KernelParity:
         """Per row of the batch: (first position, rows) of its solo ubatch."""
         if not self.enabled:
             return None
-        solo = [solo_ubatches(np.arange(c.start, c.start + c.n), c.seq.n_prompt, c.seq.images, self.has_swa,
+        solo = [solo_ubatches(np.arange(c.start, c.start + c.n), c.seq.n_prompt, c.seq.images, self.checkpoints,
                               c.seq.request.turn_starts) for c in chunks]
         return np.concatenate([u[0] for u in solo]), np.concatenate([u[1] for u in solo])
 
@@ -91,8 +93,8 @@ class KernelParity:
 
     def turn_opener(self, template, tokenizer) -> list[int]:
         """The tokens of a user turn's opening, where llama-server cuts batches of
-        sliding-window models ([] when that does not apply)."""
-        if not (self.enabled and self.has_swa):
+        sliding-window and hybrid models ([] when that does not apply)."""
+        if not (self.enabled and self.checkpoints):
             return []
         return user_turn_opener(template, tokenizer)
 
@@ -104,10 +106,10 @@ def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoi
 
     llama-server decodes a prompt chunk by chunk (text runs, and each image's
     embeddings through mtmd), and llama_decode cuts each chunk into UBATCH-row
-    ubatches from its start. For models with a sliding window (`checkpoints`) it
-    also ends a text batch CHECKPOINT_TAIL and CHECKPOINT_TAIL + UBATCH tokens
-    before the prompt's end, and before user turns of a chat (`turn_starts`), to
-    save context checkpoints there. Generated tokens come one per ubatch.
+    ubatches from its start. For models with a sliding window or recurrent layers
+    (`checkpoints`) it also ends a text batch CHECKPOINT_TAIL and CHECKPOINT_TAIL +
+    UBATCH tokens before the prompt's end, and before user turns of a chat
+    (`turn_starts`), to save context checkpoints there. Generated tokens come one per ubatch.
     """
     if positions.min(initial=n_prompt) >= n_prompt:        # decode rows only
         return positions.astype(np.int64), np.ones(len(positions), dtype=np.int64)

@@ -40,9 +40,15 @@ class Memory:
 
     # -- sequences -------------------------------------------------------------------
 
+    @property
+    def cuts_anywhere(self) -> bool:
+        """Can a sequence's memory be cut after any of its tokens? Not with a
+        recurrent state, which holds only where the sequence is now."""
+        return self.recurrent is None
+
     def reusable(self, seq: int, n: int) -> int:
-        """How much of n cached tokens seq can keep: all of them, or for a recurrent
-        state that does not end there, none."""
+        """How much of n cached tokens seq can keep (or give to another sequence):
+        all of them, or for a recurrent state that does not end there, none."""
         if self.recurrent is None or self.recurrent.can_keep(seq, n):
             return n
         return 0
@@ -56,12 +62,11 @@ class Memory:
 
     def take_prefix(self, src: int, dst: int, n: int, pos: int) -> bool:
         """dst drops what it holds and gets src's first n tokens (those before
-        position pos); False (dst left empty) when the recurrent state of src is not at n."""
+        position pos); False (nothing changed) when the recurrent state of src is not at n."""
+        if self.reusable(src, n) != n:
+            return False
         self.kv.seq_rm(dst)
         if self.recurrent is not None:
-            if not self.recurrent.can_keep(src, n):
-                self.recurrent.alloc(dst)
-                return False
             self.recurrent.copy(src, dst)
         if n and not self.kv.seq_copy(self.backend, src, dst, pos):
             self.kv.seq_cp(src, dst, 0, pos)     # no room to copy (or not one cell per position): share

@@ -55,16 +55,17 @@ class PrefixCache:
     def assign(self, seq: Sequence) -> None:
         """Give seq a free slot, reusing the longest cached prefix of its prompt."""
         prompt = seq.tokens
-        shared = [common_prefix(self.slot_tokens(s), prompt) for s in range(self.n_slots)]
+        limit = len(prompt) - 1       # always compute the last prompt token: its logits start generation
+        # what each slot's memory can give: the prompt's prefix it holds, as far as memory can be cut there
+        usable = [self.memory.reusable(s, _whole_images(seq, min(common_prefix(self.slot_tokens(s), prompt), limit)))
+                  for s in range(self.n_slots)]
         free = [s for s in range(self.n_slots) if s not in self.running]
-        # the free slot whose own cache shares most; ties: least recently used
-        slot = max(free, key=lambda s: (shared[s], -self._used_at[s]))
+        # the free slot whose own memory gives most; ties: least recently used
+        slot = max(free, key=lambda s: (usable[s], -self._used_at[s]))
         # a longer prefix in another slot (running or idle) is shared instead
-        src = max(range(self.n_slots), key=lambda s: (shared[s], s == slot))
-        # always compute at least the last prompt token: its logits start generation
-        reuse = _whole_images(seq, min(shared[src], len(prompt) - 1))
+        src = max(range(self.n_slots), key=lambda s: (usable[s], s == slot))
+        reuse = usable[src]
         if src == slot:
-            reuse = self.memory.reusable(slot, reuse)
             self.memory.keep(slot, reuse, _cut_position(seq, reuse))
         elif not (reuse > 0 and self.memory.take_prefix(src, slot, reuse, _cut_position(seq, reuse))):
             reuse = 0
@@ -79,6 +80,10 @@ class PrefixCache:
         copied now; while it still computes more of the shared part, they wait
         (returned: their ids). Many requests arriving together with one long,
         uncached system prompt then compute it once instead of once each."""
+        if not self.memory.cuts_anywhere:
+            # a recurrent state is only ever where its sequence is: sequences with a
+            # common prefix each compute it (waiting would rarely find it at the point)
+            return frozenset()
         running = [s for s in running if s.slot >= 0]
         rank = {id(s): (-s.n_computed, i) for i, s in enumerate(running)}   # lower: further ahead
         held = set()

@@ -3,7 +3,7 @@ the KV cache (M-RoPE), and a recurrent state per sequence (hybrid models)."""
 import numpy as np
 import pytest
 
-from ggserve.models.memory import LayerKV, LayerRecurrent
+from ggserve.models.memory import LayerKV, LayerRecurrent, equal_blocks
 from ggserve.native import ggml
 from ggserve.server.kv_cache import KVCache
 from ggserve.server.memory import Memory
@@ -111,5 +111,12 @@ def test_a_hybrid_model_keeps_a_cached_prefix_only_where_its_state_ends(backend)
     assert len(cells) == 10 and mem.recurrent.pos[0] == 10
     assert mem.reusable(0, 10) == 10 and mem.reusable(0, 6) == 0
     assert mem.take_prefix(0, 1, 10, 10) and mem.recurrent.pos[1] == 10 and mem.n_used == 20
-    assert not mem.take_prefix(0, 1, 6, 6) and mem.recurrent.pos[1] == 0
+    # seq 0's state is not at 6: nothing is given, and seq 1 keeps what it has
+    assert not mem.take_prefix(0, 1, 6, 6) and mem.recurrent.pos[1] == 10 and mem.n_used == 20
     mem.close()
+
+
+def test_recurrent_layers_compute_runs_of_sequences_with_equal_row_counts():
+    # three decodes, a 7-row prompt chunk, then two 1-row chunks: llama.cpp's equal splits
+    seq_rows = ((0, 1), (1, 1), (2, 1), (3, 7), (10, 1), (11, 1))
+    assert equal_blocks(seq_rows) == [(0, 1, 0, 3), (3, 7, 3, 1), (10, 1, 4, 2)]

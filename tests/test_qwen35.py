@@ -1,0 +1,169 @@
+"""Qwen3.5 (gated-delta-net layers with a recurrent state per sequence + gated
+full-attention layers with M-RoPE) against llama.cpp 11434 on the synthetic model
+of ../shared/golden/synth (real Qwen vocabulary and chat template, random
+weights), and its recurrent state through batching, chunking and prefix reuse."""
+import httpx
+import pytest
+
+from ggserve.server.app import ServerConfig, create_app
+from ggserve.server.engine import Engine
+from engine_helpers import generate, max_logprob_deviation, tokens
+from server_harness import RunningServer
+from synth_golden import chat, completions, model_path
+
+ARCH = "qwen35"
+CASES = {c["key"]: c for c in completions()["models"][ARCH]}
+CHATS = {c["key"]: c for c in chat()["models"][ARCH]}
+NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
+LOGPROB_TOL = 0.01
+
+
+def _steps(golden: dict) -> list[dict]:
+    """Golden steps as engine_helpers.max_logprob_deviation reads them."""
+    return [{"id": s["id"], "probs_available": s["probs_available"],
+             "top_logprobs": [(t["id"], t["logprob"]) for t in s.get("top_logprobs", [])]} for s in golden["steps"]]
+
+
+def _gap(step: dict) -> float:
+    top = sorted((t["logprob"] for t in step["top_logprobs"]), reverse=True)
+    return top[0] - top[1]
+
+
+def _assert_same_as_llama_cpp(events, golden: dict) -> None:
+    """Greedy ids equal up to a near-tie of llama.cpp's; top-5 logprobs within LOGPROB_TOL."""
+    ours, gold = tokens(events), golden["generated_ids"]
+    i = next((i for i, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
+    if i is not None:
+        step = golden["steps"][i]
+        assert step["probs_available"] and _gap(step) < NEAR_TIE, f"diverged at step {i}: {ours[i]} vs {gold[i]}"
+    else:
+        assert ours == gold
+    worst = max_logprob_deviation(events, _steps(golden))
+    print(f"max |logprob difference| {worst:.5f}")       # reported with pytest -s
+    assert worst <= LOGPROB_TOL
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(model_path(ARCH), n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2)
+    yield e
+    e.close()
+
+
+_SOLO = {}
+
+
+def solo(engine, prompt: list[int], n: int):
+    """prompt run alone on an empty cache, n greedy tokens (cached per prompt)."""
+    key = (tuple(prompt), n)
+    if key not in _SOLO:
+        engine.clear_cache()
+        _SOLO[key] = generate(engine, {"r": prompt}, n)["r"]
+    return _SOLO[key]
+
+
+def _same_events(a, b) -> None:
+    """Token for token and logprob for logprob the same (bit for bit)."""
+    assert tokens(a) == tokens(b)
+    assert [e.top_logprobs for e in a] == [e.top_logprobs for e in b]
+
+
+@pytest.mark.parametrize("key", list(CASES))
+def test_completion_equals_llama_cpp(engine, key):
+    case = CASES[key]
+    _assert_same_as_llama_cpp(solo(engine, case["prompt_ids"], len(case["generated_ids"])), case)
+
+
+@pytest.mark.parametrize("key", list(CHATS))
+def test_chat_prompt_renders_and_tokenizes_as_llama_cpp(engine, key):
+    conv = CHATS[key]
+    req = conv["chat_completion"]["request"]
+    text = engine.chat_template.render(req["messages"], add_generation_prompt=True, tools=req.get("tools"))
+    assert text == conv["prompt"]
+    assert text.endswith("<|im_start|>assistant\n<think>\n")     # the template opens the reasoning
+    assert engine.tokenizer.encode(text, add_special=True, parse_special=True) == \
+        conv["prompt_ids_add_special_parse_special"]
+
+
+@pytest.mark.parametrize("key", list(CHATS))
+def test_chat_completion_equals_llama_server(engine, key):
+    conv = CHATS[key]
+    golden = conv["chat_completion"]
+    prompt = conv["prompt_ids_add_special_parse_special"]
+    assert golden["prompt_tokens"] == len(prompt)
+    _assert_same_as_llama_cpp(solo(engine, prompt, len(golden["generated_ids"])), golden)
+
+
+def test_four_prompts_batched_equal_each_alone(engine):
+    keys = ["capital", "story", "cjk", "long_prose"]          # 5, 13, 3 and 610 tokens
+    engine.clear_cache()
+    together = generate(engine, {k: CASES[k]["prompt_ids"] for k in keys}, 48)
+    for k in keys:
+        _same_events(together[k], solo(engine, CASES[k]["prompt_ids"], 48))
+
+
+def test_prompt_fed_in_chunks_equals_it_fed_whole():
+    prompt = CASES["long_prose"]["prompt_ids"]                # 610 tokens in chunks of 64 (the last 34)
+    chunked = Engine(model_path(ARCH), n_ctx=4096, n_batch=64, n_parallel=1, n_threads=2)
+    try:
+        events = generate(chunked, {"r": prompt}, 48)["r"]
+    finally:
+        chunked.close()
+    _assert_same_as_llama_cpp(events, CASES["long_prose"])
+
+
+def test_a_prefix_ending_where_the_state_ends_is_reused_and_equals_a_fresh_prompt(engine):
+    first = CASES["story"]["prompt_ids"]
+    engine.clear_cache()
+    answer = tokens(generate(engine, {"a": first}, 8)["a"])
+    # the state holds the prompt and the first 7 answer tokens (the 8th was sampled, not computed)
+    follow_up = first + answer[:7] + CASES["code_fib"]["prompt_ids"]
+    reused = generate(engine, {"b": follow_up}, 16)["b"]
+    assert reused[0].n_cached == len(first) + 7
+    _same_events(reused, solo(engine, follow_up, 16))
+
+
+def test_a_prefix_ending_before_the_state_ends_is_recomputed(engine):
+    first = CASES["qa_math"]["prompt_ids"]
+    engine.clear_cache()
+    generate(engine, {"a": first}, 4)
+    other = first[:-3] + CASES["cjk"]["prompt_ids"]          # shares all but the last 3 prompt tokens
+    again = generate(engine, {"b": other}, 16)["b"]
+    assert again[0].n_cached == 0
+    _same_events(again, solo(engine, other, 16))
+
+
+def test_prompts_with_a_common_prefix_each_compute_it(engine):
+    # a recurrent state cannot be cut at the common prefix: nothing waits for it
+    prefix = CASES["long_prose"]["prompt_ids"][:200]
+    prompts = {k: prefix + CASES[k]["prompt_ids"] for k in ("capital", "story")}
+    engine.clear_cache()
+    together = generate(engine, prompts, 8)
+    for k, p in prompts.items():
+        assert together[k][0].n_cached == 0
+        _same_events(together[k], solo(engine, p, 8))
+
+
+def test_served_chat_completion_equals_llama_server():
+    conv = CHATS["system_user"]
+    golden = conv["chat_completion"]
+    req = golden["request"]
+    body = {"messages": req["messages"], "max_tokens": req["max_tokens"], "temperature": 0,
+            "logprobs": True, "top_logprobs": 5}
+    cfg = ServerConfig(model=model_path(ARCH), n_ctx=4096, n_parallel=2, n_batch=512, n_threads=2)
+    with RunningServer(create_app(cfg)) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    choice = out["choices"][0]
+    assert out["usage"]["prompt_tokens"] == golden["prompt_tokens"]
+    # the template opened <think>: all of the (random) answer is reasoning, as llama-server parsed it
+    assert {k: choice["message"].get(k) for k in golden["message"]} == golden["message"]
+    assert choice["finish_reason"] == "length"
+    ours = choice["logprobs"]["content"]
+    assert [bytes(e["bytes"]) for e in ours] == [bytes(s["bytes"]) for s in golden["steps"]]
+    for mine, step in zip(ours, golden["steps"]):
+        top = {bytes(t["bytes"]): t["logprob"] for t in mine["top_logprobs"]}
+        for t in step["top_logprobs"]:
+            assert abs(top[bytes(t["bytes"])] - t["logprob"]) <= LOGPROB_TOL
+
