@@ -90,6 +90,9 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise TemplateError(f"invalid chat template: {e}") from e
         self.supports_typed_content = self._probe_typed_content()
+        # Ministral 3 / Magistral (llama.cpp common/chat.cpp picks its ministral_3 handler by these markers)
+        self._ministral3 = all(m in source for m in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) \
+            and "[CALL_ID]" not in source
 
     @classmethod
     def from_metadata(cls, meta: dict, add_bos: bool = False) -> "ChatTemplate":
@@ -136,17 +139,29 @@ class ChatTemplate:
         """The prompt text. Content is a string or a list of parts ({"type": "text"}
         / image parts, which become image_marker). With continue_final_message the
         last (assistant) message is left open for the model to continue, as
-        llama-server's assistant prefill: the rest is rendered with a generation
-        prompt and the message's text appended."""
+        llama-server's assistant prefill: the rest is rendered, then the part of the
+        generation prompt that differs from the rendering without one, then the
+        message's text (llama.cpp's autoparser continuation)."""
         msgs = [self._normalize(m, image_marker) for m in messages]
-        suffix = ""
+        suffix = None
         if continue_final_message:
             if not msgs or msgs[-1].get("role") != "assistant":
                 raise TemplateError("continue_final_message needs a final assistant message")
             suffix = _content_text(msgs.pop()["content"])
-            add_generation_prompt = True
+        if self._ministral3:
+            msgs = [_ministral3_blocks(m) for m in msgs]
         try:
-            return self._render(msgs, add_generation_prompt, tools, extra) + suffix
+            if suffix is None:
+                return self._render(msgs, add_generation_prompt, tools, extra)
+            # llama.cpp (common_chat_template_generation_prompt): the prompt without a
+            # generation prompt, then where the one with it differs, then the message
+            # (Phi-3.5: "...<|end|>\n<|endoftext|>" + "assistant|>\n" + text)
+            bare = self._render(msgs, False, tools, extra)
+            opened = self._render(msgs, True, tools, extra)
+            n = 0
+            while n < min(len(bare), len(opened)) and bare[n] == opened[n]:
+                n += 1
+            return bare + opened[n:] + suffix
         except TemplateError:
             raise
         except jinja2.TemplateError as e:
@@ -167,6 +182,24 @@ class ChatTemplate:
                 parts.append(part)
             message["content"] = parts if self.supports_typed_content else _content_text(parts)
         return message
+
+
+def _ministral3_blocks(message: dict) -> dict:
+    """llama.cpp's common_chat_params_init_ministral_3: system and assistant messages
+    get typed content, a reasoning_content first as a "thinking" block."""
+    if message.get("role") not in ("system", "assistant"):
+        return message
+    blocks = []
+    if isinstance(message.get("reasoning_content"), str):
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"]})
+    content = message.get("content")
+    if isinstance(content, str):
+        blocks.append({"type": "text", "text": content})
+    elif isinstance(content, (list, tuple)):
+        blocks.extend(content)
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    out["content"] = blocks
+    return out
 
 
 def _content_text(content) -> str:

@@ -11,19 +11,7 @@ from synth_golden import chat, model_path
 
 ARCHS = ("qwen3", "phi3", "mistral3", "gemma4")
 GOLDEN = chat()["models"]
-# where our rendering still differs from llama.cpp's, and why
-KNOWN = {
-    ("phi3", "assistant_prefill"): "llama.cpp continues a prefilled message by appending to the prompt "
-                                   "rendered WITHOUT a generation prompt the part where the two renderings "
-                                   "differ ('<|endoftext|>assistant|>\\n' for Phi-3.5); we render with one",
-    ("mistral3", "reasoning_multi_turn"): "llama.cpp turns an assistant message's reasoning_content into the "
-                                          "template's own thinking content part ([THINK]...[/THINK]); we pass "
-                                          "reasoning_content through, which this template ignores",
-}
-CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}",
-                      marks=[pytest.mark.xfail(reason=KNOWN[arch, c["key"]], strict=True)]
-                      if (arch, c["key"]) in KNOWN else [])
-         for arch in ARCHS for c in GOLDEN[arch]]
+CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in GOLDEN[arch]]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +37,7 @@ def test_template_renders_as_llama_cpp(models, arch, case):
     assert text == case["prompt"]
 
 
-@pytest.mark.parametrize("arch,case", [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in GOLDEN[a]])
+@pytest.mark.parametrize("arch,case", CASES)
 def test_rendered_prompt_tokenizes_as_llama_cpp(models, arch, case):
     _, tok = models(arch)
     assert tok.encode(case["prompt"], add_special=True, parse_special=True) == \
@@ -60,3 +48,20 @@ def test_gemma4_template_bos_is_dropped_because_the_tokenizer_adds_it(models):
     template, tok = models("gemma4")
     text = template.render([{"role": "user", "content": "Hi"}])
     assert not text.startswith("<bos>") and tok.encode(text, add_special=True, parse_special=True)[:2] == [2, 105]
+
+
+def test_prefill_continues_where_the_generation_prompt_differs(models):
+    # Phi-3.5 ends a prompt without generation prompt with <|endoftext|>: llama.cpp
+    # appends only the differing part of the generation prompt, then the prefill
+    template, _ = models("phi3")
+    text = template.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}],
+                           continue_final_message=True)
+    assert text == "<|user|>\nHi<|end|>\n<|endoftext|>assistant|>\nHel"
+
+
+def test_ministral3_reasoning_content_becomes_a_thinking_block(models):
+    template, _ = models("mistral3")
+    text = template.render([{"role": "user", "content": "2+2?"},
+                            {"role": "assistant", "content": "4", "reasoning_content": "Add."},
+                            {"role": "user", "content": "3*5?"}])
+    assert text.endswith("[INST]2+2?[/INST][THINK]Add.[/THINK]4<|endoftext|>[INST]3*5?[/INST]")
