@@ -147,7 +147,11 @@ class ChatTemplate:
         if continue_final_message:
             if not msgs or msgs[-1].get("role") != "assistant":
                 raise TemplateError("continue_final_message needs a final assistant message")
-            suffix = _content_text(msgs.pop()["content"])
+            last = msgs.pop()
+            suffix = _content_text(last["content"])
+            if self._ministral3:   # llama.cpp's ministral_3 handler writes the open turn itself
+                reasoning = last.get("reasoning_content") or ""
+                suffix = "[THINK]" + reasoning + ("" if reasoning and not suffix else "[/THINK]" + suffix)
         if self._ministral3:
             msgs = [_ministral3_blocks(m) for m in msgs]
         try:
@@ -157,6 +161,8 @@ class ChatTemplate:
             # generation prompt, then where the one with it differs, then the message
             # (Phi-3.5: "...<|end|>\n<|endoftext|>" + "assistant|>\n" + text)
             bare = self._render(msgs, False, tools, extra)
+            if self._ministral3:
+                return bare + suffix
             opened = self._render(msgs, True, tools, extra)
             n = 0
             while n < min(len(bare), len(opened)) and bare[n] == opened[n]:

@@ -65,3 +65,10 @@ def test_ministral3_reasoning_content_becomes_a_thinking_block(models):
                             {"role": "assistant", "content": "4", "reasoning_content": "Add."},
                             {"role": "user", "content": "3*5?"}])
     assert text.endswith("[INST]2+2?[/INST][THINK]Add.[/THINK]4<|endoftext|>[INST]3*5?[/INST]")
+
+
+def test_ministral3_prefill_is_written_as_llama_cpps_ministral3_handler_writes_it(models):
+    template, _ = models("mistral3")
+    text = template.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}],
+                           continue_final_message=True)
+    assert text.endswith("[INST]Hi[/INST][THINK][/THINK]Hel")
