@@ -75,11 +75,7 @@ class Engine:
         self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos)
         self.runner.reserve(n_batch, n_parallel)
         if self.vision is not None:
-            g = self.vision.max_graph()
-            try:
-                self.vision.backend.reserve(g)
-            finally:
-                g.close()
+            self.vision.reserve()
         self.load_seconds = time.perf_counter() - t0
         self.last_step_seconds = 0.0
 

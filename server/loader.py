@@ -46,7 +46,11 @@ class LoadedModel:
             from ggserve.models.vision import VisionModel
 
             # a backend of its own: tiles encode on a worker thread beside text steps
-            self.vision = VisionModel.from_gguf(mmproj, ggml.Backend(n_threads=self.backend.n_threads))
+            try:
+                self.vision = VisionModel.from_gguf(mmproj, ggml.Backend(n_threads=self.backend.n_threads))
+            except ModelError as e:
+                # an mmproj that cannot pair with this text model: name both files
+                raise ModelError(f"{e} (text model {self.path})") from None
             if self.vision.n_embd_out != self.model.n_embd:
                 raise ModelError(f"{mmproj}: projects to {self.vision.n_embd_out} dims, "
                                  f"the text model {self.path} has {self.model.n_embd}")

@@ -72,5 +72,6 @@ class PromptBuilder:
         for (sha, image), after in zip(images, parts[1:]):
             pieces.append((sha, self.vision.preprocess(image)))
             pieces.append(after)
-        ids, spans = arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile)
+        ids, spans = arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile,
+                             self.vision.family)
         return Prompt(ids, spans, turn_starts(ids, spans, self.turn_opener))

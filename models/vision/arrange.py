@@ -9,6 +9,7 @@ becomes its wrapper text plus one span of embedding rows per tile:
   row of tiles, then "\\n<fake_token_around_image><global-img>" [64 rows, overview]
   "<fake_token_around_image>"
 - mlp (LLaVA-1.5): the span alone
+- the families of registry.py: their own `layout`
 ref: llama.cpp tools/mtmd/mtmd.cpp (mtmd_tokenize) and the prompt layouts in
 shared/golden/out/multimodal.json.
 """
@@ -35,8 +36,11 @@ class TileSpan:
         return self.start + self.n
 
 
-def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int) -> tuple[list[int], list[TileSpan]]:
+def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int,
+            family=None) -> tuple[list[int], list[TileSpan]]:
     """pieces: str (text) or (sha256, Tiles) in prompt order -> (token ids, spans).
+
+    family: the registry family of the projector (its tiles carry n_tokens), or None.
 
     Image rows hold negative placeholder ids derived from the image hash, so
     prefix matching compares images by content like tokens.
@@ -44,7 +48,9 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int) -> tu
     tokens: list[int] = []
     spans: list[TileSpan] = []
     first = True
-    if projector == "idefics3":
+    if family is not None:
+        family.check_vocab(tokenizer)
+    elif projector == "idefics3":
         # llama.cpp looks these up in the text model's vocabulary and refuses the
         # request when they are missing (mtmd.cpp lookup_token)
         for name in ("<fake_token_around_image>", "<global-img>"):
@@ -57,11 +63,11 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int) -> tu
             tokens.extend(tokenizer.encode(s, add_special=first, parse_special=True))
         first = False
 
-    def image(sha: str, index: int, tile, bidirectional: bool) -> None:
+    def image(sha: str, index: int, tile, bidirectional: bool, n: int = tokens_per_tile) -> None:
         key = f"{sha}:{index}"
         placeholder = -1 - (int(sha[:12], 16) * 64 + index) % (2**62)
-        spans.append(TileSpan(len(tokens), tokens_per_tile, key, tile, bidirectional))
-        tokens.extend([placeholder] * tokens_per_tile)
+        spans.append(TileSpan(len(tokens), n, key, tile, bidirectional))
+        tokens.extend([placeholder] * n)
 
     for piece in pieces:
         if isinstance(piece, str):
@@ -70,7 +76,10 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int) -> tu
         sha, tiles = piece
         if first:
             text("")
-        if projector == "gemma3":
+        if family is not None:
+            family.layout(tiles, text, lambda i, bidirectional=False, sha=sha, tiles=tiles:
+                          image(sha, i, tiles[i], bidirectional, tiles.n_tokens[i]))
+        elif projector == "gemma3":
             text("<start_of_image>")
             image(sha, 0, tiles[0], True)
             text("<end_of_image>")

@@ -22,6 +22,7 @@ import numpy as np
 from ggserve.models.registry import ModelError
 from ggserve.models.vision.mmproj import VisionConfig, open_mmproj
 from ggserve.models.vision.preprocess import Plan, Tiles, preprocessor_for, to_rgb
+from ggserve.models.vision.registry import family_class
 from ggserve.models.weights import Weights
 from ggserve.native import ggml
 
@@ -72,13 +73,22 @@ class VisionModel:
     with backend.compute. Call close() to release the weights.
     """
 
-    def __init__(self, cfg: VisionConfig, tensors: dict, path: str, backend, buffers: dict):
+    def __init__(self, cfg: VisionConfig, tensors: dict, path: str, backend, buffers: dict,
+                 meta: dict | None = None):
         self.config = cfg
         self.path = path
         self.backend = backend
         self._buffers = buffers
-        self._pre = preprocessor_for(cfg)
         self.projector = cfg.projector
+        fam = family_class(cfg.projector, meta or {})
+        # a family module of models/vision/ (registry.py), or the built-in paths below
+        self.family = fam(cfg, meta or {}, path) if fam is not None else None
+        if self.family is not None:
+            self.family.load(Weights(tensors, path))
+            self.n_embd_out = self.family.n_embd_out
+            self._pre = self.family
+            return
+        self._pre = preprocessor_for(cfg)
         e, f = cfg.n_embd, cfg.n_ff
         n_pos = cfg.patches_per_side ** 2
         w = Weights(tensors, path)
@@ -135,7 +145,7 @@ class VisionModel:
         for b in buffers.values():
             tensors.update(b.tensors)
         try:
-            return cls(cfg, tensors, path, backend, buffers)
+            return cls(cfg, tensors, path, backend, buffers, gguf.metadata)
         except Exception:
             for b in buffers.values():
                 b.close()
@@ -168,6 +178,7 @@ class VisionModel:
 
     @property
     def tokens_per_tile(self) -> int:
+        """Rows per tile of the built-in families (a family's tiles carry their own n_tokens)."""
         return self.config.tokens_per_tile
 
     def tokens_per_image(self, image) -> int:
@@ -176,7 +187,10 @@ class VisionModel:
         `image` is a PIL image or a (width, height) pair; no pixels are processed.
         """
         width, height = image if isinstance(image, tuple) else image.size
-        return self.plan(width, height).n_tiles * self.tokens_per_tile
+        plan = self.plan(width, height)
+        if self.family is not None:
+            return sum(plan.n_tokens)
+        return plan.n_tiles * self.tokens_per_tile
 
     # -- graphs ----------------------------------------------------------------------
 
@@ -185,6 +199,10 @@ class VisionModel:
 
         inp_raw: f32 ne [width, height, 3] (a CHW array); output: f32 [n_embd_out, n_tokens].
         """
+        if self.family is not None:
+            inp_raw, x = self.family.build(g, width, height)
+            x.set_name("vision_out")
+            return inp_raw, g.output(x)
         cfg = self.config
         p = cfg.patch_size
         if width % p or height % p:
@@ -268,12 +286,27 @@ class VisionModel:
         x = g.permute(x, 0, 2, 1, 3)                                      # [e*s*s, nx/s, ny/s]
         return g.reshape(g.cont(x), e * s * s, (nx // s) * (ny // s))
 
-    def max_graph(self):
-        """The worst-case vision graph (the largest tile) for backend.reserve; caller closes it."""
-        g = self.backend.graph()
+    def max_sizes(self) -> list[tuple[int, int]]:
+        """Tile sizes (width, height) whose graphs together bound every tile's compute memory."""
+        if self.family is not None:
+            return list(self.family.max_sizes())
         side = self.config.image_size
-        self.build(g, side, side)
+        return [(side, side)]
+
+    def max_graph(self, size=None):
+        """The worst-case vision graph (the largest tile, or `size`) for backend.reserve; caller closes it."""
+        g = self.backend.graph()
+        self.build(g, *(size or self.max_sizes()[0]))
         return g
+
+    def reserve(self) -> None:
+        """Reserve the vision backend's compute memory for the largest tiles (max_sizes)."""
+        for size in self.max_sizes():
+            g = self.max_graph(size)
+            try:
+                self.backend.reserve(g)
+            finally:
+                g.close()
 
     # -- encoding --------------------------------------------------------------------
 

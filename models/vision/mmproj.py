@@ -14,7 +14,7 @@ import numpy as np
 from ggserve.models.registry import ModelError
 from ggserve.native.gguf_file import GGUFError, GGUFFile
 
-PROJECTORS = ("gemma3", "idefics3", "mlp")
+PROJECTORS = ("gemma3", "idefics3", "mlp")   # built-in paths; more families: models/vision/registry.py
 
 # clip.cpp defaults when the key is absent
 GEMMA3_N_MERGE = 4                  # avg-pool kernel; convert_hf_to_gguf only writes it when != 4
@@ -73,8 +73,9 @@ def read_config(gguf: GGUFFile) -> VisionConfig:
     if not meta.get("clip.has_vision_encoder", False):
         raise ModelError(f"{path}: the mmproj has no vision encoder (clip.has_vision_encoder is not set)")
     proj = meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")
-    if proj not in PROJECTORS:
-        raise ModelError(f"{path}: unsupported projector type {proj!r} (supported: {', '.join(PROJECTORS)})")
+    from ggserve.models.vision.registry import supported
+    if proj not in supported():
+        raise ModelError(f"{path}: unsupported projector type {proj!r} (supported: {', '.join(supported())})")
 
     if meta.get("clip.use_gelu", False) and meta.get("clip.use_silu", False):
         raise ModelError(f"{path}: both clip.use_gelu and clip.use_silu are set")

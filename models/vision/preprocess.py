@@ -98,10 +98,11 @@ class Tiles(list):
     one tile); with a grid, the overview of the whole image is the last tile.
     """
 
-    def __init__(self, tiles, grid_x: int = 0, grid_y: int = 0):
+    def __init__(self, tiles, grid_x: int = 0, grid_y: int = 0, n_tokens=None):
         super().__init__(tiles)
         self.grid_x = grid_x
         self.grid_y = grid_y
+        self.n_tokens = list(n_tokens) if n_tokens is not None else None   # per tile (registry families)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Plan:
     grid_x: int = 0
     grid_y: int = 0
     resized: tuple[int, int] = (0, 0)     # idefics3: the size the tiles are cut from
+    n_tokens: tuple = ()                  # registry families: embedding rows per tile
 
 
 class FixedSize:
