@@ -86,21 +86,18 @@ class Memory:
     # -- steps -----------------------------------------------------------------------
 
     def begin_step(self, seqs: list[int], counts: list[int], seq_ids, positions, spans) -> np.ndarray:
-        """Place and record the step's tokens (masks are built from them); the
-        recurrent states get a checkpoint to go back to. -> the cells."""
+        """Place and record the step's tokens (masks are built from them). -> the cells.
+        (The step writes new recurrent states beside the live ones: see end_step.)"""
         cells = self.kv.find_cells_for(seqs, counts)
         self.kv.commit(cells, seq_ids, positions, spans)
-        if self.recurrent is not None:
-            self.recurrent.checkpoint(seqs)
         return cells
 
     def end_step(self, seqs: list[int], counts: list[int]) -> None:
+        """The step succeeded: the recurrent states it wrote become the live ones."""
         if self.recurrent is not None:
             self.recurrent.advance(seqs, counts)
 
     def undo_step(self, cells: np.ndarray, seqs: list[int]) -> None:
-        """The step failed: its cells are free and each state is as before it."""
+        """The step failed: its cells are free and each state is as before it (the
+        live state was only read)."""
         self.kv.rollback(cells)
-        if self.recurrent is not None:
-            for s in seqs:
-                self.recurrent.rollback(s)

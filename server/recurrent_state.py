@@ -2,15 +2,16 @@
 
 A recurrent layer (gated delta net, SSM) keeps a fixed-size state per sequence
 instead of K/V per token. For each layer and each of its state tensors this holds
-one f32 tensor [size, 2 * n_seqs] in a ggml buffer on the layer's device: row
-`seq` is the sequence's live state, row `n_seqs + seq` its checkpoint (the state
-as it was before the step that is running, so a failed step or a prompt cut back
-to that point can be rolled back).
+one f32 tensor [size, 2 * n_seqs] in a ggml buffer on the layer's device: two rows
+per sequence, `seq` and `n_seqs + seq`. One of them is the live state (`live`); a
+step reads it and writes the new state into the other row, which becomes live
+only when the step succeeded (`advance`). A failed step leaves the live row as it
+was: nothing to copy before a step, nothing to restore after a failure.
 
 A state reflects every token of its sequence up to `pos[seq]` (exclusive): unlike
-the KV cache it cannot be cut at an earlier position, only rolled back to its
-checkpoint or reset to empty. Prefix reuse therefore keeps a sequence's cached
-prefix only when it ends where the state does (`can_keep`).
+the KV cache it cannot be cut at an earlier position, only reset to empty. Prefix
+reuse therefore keeps a sequence's cached prefix only when it ends where the
+state does (`can_keep`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class RecurrentState:
         self.n_seqs = n_seqs
         self.layers = layers
         self.pos = np.zeros(n_seqs, dtype=np.int64)         # tokens the live state reflects
-        self.checkpoint_pos = np.zeros(n_seqs, dtype=np.int64)
+        self.live = np.arange(n_seqs, dtype=np.int64)      # the row holding each sequence's live state
         self.in_use = np.zeros(n_seqs, dtype=bool)
         by_device: dict = {}
         for il, layer in enumerate(layers):
@@ -65,11 +66,11 @@ class RecurrentState:
 
     def free(self, seq: int) -> None:
         self.in_use[seq] = False
-        self.pos[seq] = self.checkpoint_pos[seq] = 0
+        self.pos[seq] = 0
 
     def copy(self, src: int, dst: int) -> None:
         """dst's state becomes src's (a shared prefix: dst continues where src is)."""
-        self._copy_rows([src], [dst])
+        self._copy_rows([self.live[src]], [self.live[dst]])
         self.pos[dst] = self.pos[src]
         self.in_use[dst] = True
 
@@ -78,38 +79,35 @@ class RecurrentState:
         return n == 0 or (self.in_use[seq] and self.pos[seq] == n)
 
     def advance(self, seqs, counts) -> None:
-        """After a step: seqs[i]'s state now reflects counts[i] more tokens."""
+        """After a step succeeded: seqs[i]'s new state (in its other row) is live and
+        reflects counts[i] more tokens."""
         for s, n in zip(seqs, counts):
+            self.live[s] = self._other(self.live[s])
             self.pos[s] += n
-
-    # -- checkpoints: taken before a step, restored if it fails ---------------------
-
-    def checkpoint(self, seqs: list[int]) -> None:
-        self._copy_rows(seqs, [self.n_seqs + s for s in seqs])
-        self.checkpoint_pos[seqs] = self.pos[seqs]
-
-    def rollback(self, seq: int) -> None:
-        self._copy_rows([self.n_seqs + seq], [seq])
-        self.pos[seq] = self.checkpoint_pos[seq]
 
     # -- what a step's graph uses --------------------------------------------------
 
-    def step(self, g, seqs: np.ndarray) -> "RecurrentStateStep":
-        """Declare this step's state rows (one per distinct sequence, in batch order)."""
+    def step(self, g, seqs) -> "RecurrentStateStep":
+        """Declare this step's state rows (one per sequence, in batch order)."""
         return RecurrentStateStep(self, g.input("state_rows", ggml.I32, (len(seqs),)),
                                   g.input("state_rows_out", ggml.I64, (len(seqs),)))
 
-    @staticmethod
-    def step_values(seqs: np.ndarray) -> dict[str, np.ndarray]:
-        return {"state_rows": seqs.astype(np.int32), "state_rows_out": seqs.astype(np.int64)}
+    def step_values(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows a step reads (live) and writes (the others) for these sequences."""
+        live = self.live[seqs]
+        return {"state_rows": live.astype(np.int32), "state_rows_out": self._other(live).astype(np.int64)}
 
     # -- helpers -------------------------------------------------------------------
+
+    def _other(self, rows):
+        """The other row of the sequences whose rows these are."""
+        return np.where(rows < self.n_seqs, rows + self.n_seqs, rows - self.n_seqs)
 
     def _zero(self, seq: int) -> None:
         for t in self.tensors.values():
             row = t.ne[0] * 4
-            t.write(np.zeros(t.ne[0], dtype=np.float32), seq * row)
-        self.pos[seq] = self.checkpoint_pos[seq] = 0
+            t.write(np.zeros(t.ne[0], dtype=np.float32), int(self.live[seq]) * row)
+        self.pos[seq] = 0
 
     def _copy_rows(self, src: list[int], dst: list[int]) -> None:
         if not src or not self.tensors:

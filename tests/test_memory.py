@@ -61,12 +61,19 @@ def test_text_positions_are_token_indices():
 
 
 def _row(state: RecurrentState, il: int, i: int, seq: int) -> np.ndarray:
-    return state.tensors[(il, i)].read().reshape(-1, state.tensors[(il, i)].ne[0])[seq]
+    """seq's live state i of layer il."""
+    return state.tensors[(il, i)].read().reshape(-1, state.tensors[(il, i)].ne[0])[state.live[seq]]
 
 
-def _fill(state: RecurrentState, seq: int, value: float) -> None:
+def _fill_row(state: RecurrentState, row: int, value: float) -> None:
     for t in state.tensors.values():
-        t.write(np.full(t.ne[0], value, dtype=np.float32), seq * t.ne[0] * 4)
+        t.write(np.full(t.ne[0], value, dtype=np.float32), int(row) * t.ne[0] * 4)
+
+
+def _step(state: RecurrentState, seq: int, n: int, value: float) -> None:
+    """A step of n tokens of seq that computed a state full of `value`, and succeeded."""
+    _fill_row(state, state.step_values(np.array([seq]))["state_rows_out"][0], value)
+    state.advance([seq], [n])
 
 
 def test_recurrent_state_allocates_copies_and_frees_per_sequence(backend):
@@ -75,8 +82,7 @@ def test_recurrent_state_allocates_copies_and_frees_per_sequence(backend):
     state = RecurrentState(backend, layers, n_seqs=3)
     assert state.nbytes_by_device()["CPU"] >= (6 + 10) * 4 * 3 * 2
     state.alloc(0)
-    _fill(state, 0, 1.5)
-    state.advance([0], [7])
+    _step(state, 0, 7, 1.5)
     state.alloc(2)
     assert not _row(state, 1, 1, 2).any()
     state.copy(0, 2)
@@ -89,16 +95,17 @@ def test_recurrent_state_allocates_copies_and_frees_per_sequence(backend):
     state.close()
 
 
-def test_recurrent_state_rolls_back_to_its_checkpoint(backend):
+def test_a_step_writes_new_states_beside_the_live_ones(backend):
     state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=2)
     state.alloc(1)
-    _fill(state, 1, 2.0)
-    state.advance([1], [3])
-    state.checkpoint([1])
-    _fill(state, 1, 9.0)                    # a step that then fails
-    state.advance([1], [5])
-    state.rollback(1)
+    _step(state, 1, 3, 2.0)
+    rows = state.step_values(np.array([1]))
+    assert rows["state_rows"][0] != rows["state_rows_out"][0]
+    _fill_row(state, rows["state_rows_out"][0], 9.0)  # what the next step computes
+    # the step failed: not advanced, the live state is as before it
     assert np.all(_row(state, 0, 0, 1) == 2.0) and state.pos[1] == 3
+    state.advance([1], [5])                          # it succeeded: its states are live
+    assert np.all(_row(state, 0, 0, 1) == 9.0) and state.pos[1] == 8
     state.close()
 
 
