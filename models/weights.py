@@ -32,7 +32,9 @@ _MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
                  "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
                  # stacked experts, multiplied by mul_mat_id (repacked as llama.cpp repacks them)
-                 "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+                 "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                 # gated delta net (qwen35): output gate z, decay, write strength, output
+                 "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out")
 
 
 def matmul_weight_names(names) -> set[str]:

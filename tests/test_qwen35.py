@@ -5,6 +5,9 @@ weights), and its recurrent state through batching, chunking and prefix reuse.""
 import httpx
 import pytest
 
+from ggserve.models.registry import ModelError, model_class
+from ggserve.models.weights import matmul_weight_names
+from ggserve.native.gguf_file import GGUFFile, TensorInfo
 from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.engine import Engine
 from engine_helpers import generate, max_logprob_deviation, tokens
@@ -167,3 +170,50 @@ def test_served_chat_completion_equals_llama_server():
         for t in step["top_logprobs"]:
             assert abs(top[bytes(t["bytes"])] - t["logprob"]) <= LOGPROB_TOL
 
+
+
+def _build(drop=(), reshape=None, meta_drop=()):
+    """The model built from the synthetic file's metadata and tensor table, changed."""
+    path = model_path(ARCH)
+    f = GGUFFile(path)
+    meta = {k: v for k, v in f.metadata.items() if k not in meta_drop}
+    tensors = {name: t for name, t in f.tensors.items() if name not in drop}
+    if reshape:
+        name, ne = reshape
+        t = tensors[name]
+        tensors[name] = TensorInfo(name, t.ggml_type, ne, t.offset, t.nbytes)
+    return model_class(ARCH, path)(meta, tensors, path)
+
+
+def test_layers_follow_the_full_attention_interval():
+    model = _build()
+    assert model.is_recurrent == [True, True, True, False]     # every 4th layer attends
+    assert [type(m).__name__ for m in model.memory_layers(lambda il: None)] == \
+        ["LayerRecurrent", "LayerRecurrent", "LayerRecurrent", "LayerKV"]
+    # per sequence: 3 conv inputs of 256 channels (q|k|v), a 32x32 state per value head
+    assert model.memory_layers(lambda il: None)[0].sizes == (3 * 256, 32 * 32 * 4)
+
+
+@pytest.mark.parametrize("tensor", ["blk.1.ssm_a", "blk.0.ssm_conv1d.weight", "blk.3.attn_q_norm.weight"])
+def test_a_missing_tensor_names_file_and_tensor(tensor):
+    with pytest.raises(ModelError, match=rf"synth-qwen35-.*\.gguf: missing tensor '{tensor}'"):
+        _build(drop={tensor})
+
+
+def test_a_misshapen_tensor_names_file_and_tensor():
+    # the attention layer's query projection holds query and gate: [n_embd, 2 * 4 heads * 64]
+    with pytest.raises(ModelError, match=r"synth-qwen35-.*\.gguf: tensor 'blk.3.attn_q.weight' has shape "
+                                         r"\(32, 256\), expected \(32, 512\)"):
+        _build(reshape=("blk.3.attn_q.weight", (32, 256, 1, 1)))
+
+
+def test_missing_delta_net_metadata_names_file_and_key():
+    with pytest.raises(ModelError, match=r"synth-qwen35-.*\.gguf: missing metadata 'qwen35.ssm.state_size'"):
+        _build(meta_drop={"qwen35.ssm.state_size"})
+
+
+def test_the_delta_nets_matrices_may_be_repacked_as_llama_cpp_repacks_them():
+    # every weight llama.cpp multiplies with mul_mat (its CPU backend may repack those), not the conv kernel
+    names = matmul_weight_names(GGUFFile(model_path(ARCH)).tensors)
+    assert {f"blk.0.{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out")} <= names
+    assert "blk.0.ssm_conv1d.weight" not in names and "blk.0.ssm_a" not in names
