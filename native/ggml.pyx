@@ -430,6 +430,19 @@ cdef class Graph:
 
     def argmax(self, Tensor a): return self._t(ggml_argmax(self.ctx, a.ptr))
 
+    def rope_set_offset(self, Tensor a, int n_offs):
+        """Rotate dims [n_offs, n_offs + n_dims) of a rope result a (in place of its op params) -> a."""
+        ggml_rope_set_offset(a.ptr, n_offs)
+        return a
+
+    def im2col(self, Tensor kernel, Tensor x, int s0, int s1, int p0, int p1, int d0=1, int d1=1,
+               bint is_2d=True, int dst_type=0):
+        """Unfold x by kernel's shape (kernel's data unused) -> [k0*k1*C, OW, OH, N]."""
+        return self._t(ggml_im2col(self.ctx, kernel.ptr, x.ptr, s0, s1, p0, p1, d0, d1, is_2d, <ggml_type>dst_type))
+
+    def sin(self, Tensor a): return self._t(ggml_sin(self.ctx, a.ptr))
+    def cos(self, Tensor a): return self._t(ggml_cos(self.ctx, a.ptr))
+
     # -- mixture of experts ------------------------------------------------------
 
     def mul_mat_id(self, Tensor experts, Tensor x, Tensor ids):

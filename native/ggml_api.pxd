@@ -125,6 +125,12 @@ cdef extern from "ggml.h":
     void ggml_flash_attn_ext_set_prec(ggml_tensor * a, ggml_prec prec)
     ggml_tensor * ggml_conv_2d(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, int s0, int s1, int p0, int p1, int d0, int d1)
     ggml_tensor * ggml_pool_2d(ggml_context * ctx, ggml_tensor * a, ggml_op_pool op, int k0, int k1, int s0, int s1, float p0, float p1)
+    # vision projectors: 2D RoPE halves (pixtral), unfold (mistral3 patch merger), sinusoids (minicpmv)
+    ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)
+    ggml_tensor * ggml_im2col(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, int s0, int s1, int p0, int p1,
+                              int d0, int d1, bint is_2D, ggml_type dst_type)
+    ggml_tensor * ggml_sin(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_cos(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_argmax(ggml_context * ctx, ggml_tensor * a)
     # mixture of experts, attention sinks
     ggml_tensor * ggml_mul_mat_id(ggml_context * ctx, ggml_tensor * as_, ggml_tensor * b, ggml_tensor * ids)
