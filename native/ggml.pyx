@@ -50,6 +50,11 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 ROPE_IMROPE = 40      # interleaved M-RoPE (Qwen3-VL, Qwen3.5)
 
+SCALE_NEAREST = 0
+SCALE_BILINEAR = 1
+SCALE_BICUBIC = 2
+SCALE_ALIGN_CORNERS = 1 << 8
+
 POOL_AVG = GGML_OP_POOL_AVG
 POOL_MAX = GGML_OP_POOL_MAX
 
@@ -442,6 +447,10 @@ cdef class Graph:
 
     def sin(self, Tensor a): return self._t(ggml_sin(self.ctx, a.ptr))
     def cos(self, Tensor a): return self._t(ggml_cos(self.ctx, a.ptr))
+
+    def interpolate(self, Tensor a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, unsigned int mode):
+        """Resample a to [ne0, ne1, ne2, ne3]; mode: SCALE_* | SCALE_ALIGN_CORNERS."""
+        return self._t(ggml_interpolate(self.ctx, a.ptr, ne0, ne1, ne2, ne3, mode))
 
     # -- mixture of experts ------------------------------------------------------
 

@@ -131,6 +131,8 @@ cdef extern from "ggml.h":
                               int d0, int d1, bint is_2D, ggml_type dst_type)
     ggml_tensor * ggml_sin(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_cos(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_interpolate(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                                  int64_t ne3, unsigned int mode)
     ggml_tensor * ggml_argmax(ggml_context * ctx, ggml_tensor * a)
     # mixture of experts, attention sinks
     ggml_tensor * ggml_mul_mat_id(ggml_context * ctx, ggml_tensor * as_, ggml_tensor * b, ggml_tensor * ids)
