@@ -44,6 +44,11 @@ class ImageStore:
         self.nbytes += emb.nbytes
         self._evict()
 
+    def clear(self) -> None:
+        """Drop every embedding no live sequence needs (tests; counts are kept)."""
+        for key in [k for k in self._items if self._pins[k] <= 0]:
+            self.nbytes -= self._items.pop(key).nbytes
+
     def pin(self, spans) -> None:
         """A sequence holding these spans entered the engine."""
         self._pins.update(s.key for s in spans)

@@ -199,10 +199,17 @@ class VisionModel:
 
         inp_raw: f32 ne [width, height, 3] (a CHW array); output: f32 [n_embd_out, n_tokens].
         """
+        return self.build_inputs(g, width, height)[:2]
+
+    def build_inputs(self, g, width: int, height: int):
+        """build() -> (inp_raw, output, {input tensor: array}) with the other inputs the graph reads."""
         if self.family is not None:
-            inp_raw, x = self.family.build(g, width, height)
+            inp_raw, x, extra = self.family.build(g, width, height)
             x.set_name("vision_out")
-            return inp_raw, g.output(x)
+            return inp_raw, g.output(x), extra
+        return (*self._build(g, width, height), {})
+
+    def _build(self, g, width: int, height: int):
         cfg = self.config
         p = cfg.patch_size
         if width % p or height % p:
@@ -331,8 +338,8 @@ class VisionModel:
             raise ValueError(f"a tile is float32 [3, H, W], got shape {tile.shape}")
         g = self.backend.graph()
         try:
-            inp, out = self.build(g, tile.shape[2], tile.shape[1])
-            self.backend.compute(g, {inp: tile})
+            inp, out, extra = self.build_inputs(g, tile.shape[2], tile.shape[1])
+            self.backend.compute(g, {inp: tile, **extra})
             return take(out)
         finally:
             g.close()

@@ -84,6 +84,54 @@ def resize_pad(rgb: np.ndarray, side: int, algo: str, pad_color=(0, 0, 0)) -> np
     return out
 
 
+def resize_pad_to(rgb: np.ndarray, width: int, height: int, algo: str, pad_color=(0, 0, 0)) -> np.ndarray:
+    """img_tool::resize with PAD_CEIL: aspect-preserving resize into width x height, centred on pad_color."""
+    h, w = rgb.shape[:2]
+    if (w, h) == (width, height):
+        return rgb
+    new_w, new_h = fit_size(w, h, width, height)
+    resized = resize_pillow(rgb, new_w, new_h, algo)
+    out = np.empty((height, width, 3), dtype=np.uint8)
+    out[:] = np.asarray(pad_color, dtype=np.uint8)
+    x0, y0 = (width - new_w) // 2, (height - new_h) // 2
+    out[y0:y0 + new_h, x0:x0 + new_w] = resized
+    return out
+
+
+def size_preserved_ratio(width: int, height: int, align: int, min_pixels: int = 0, max_pixels: int = 0,
+                         longest_edge: int = 0) -> tuple[int, int]:
+    """mtmd-image.cpp calc_size_preserved_ratio, in float32 as the C++: sides to multiples of
+    `align` (nearest), then scaled down (floor) above max_pixels or up (ceil) below min_pixels."""
+    f32 = np.float32
+    fa = f32(align)
+
+    def round_by(x):
+        return int(math.floor(float(f32(x) / fa) + 0.5)) * align      # std::round: half away from zero
+
+    def ceil_by(x):
+        return int(math.ceil(float(f32(x) / fa))) * align
+
+    def floor_by(x):
+        return int(math.floor(float(f32(x) / fa))) * align
+
+    if width <= 0 or height <= 0:
+        return 0, 0
+    if longest_edge > 0:
+        scale = min(f32(longest_edge) / f32(width), f32(longest_edge) / f32(height))
+        w_bar, h_bar = ceil_by(f32(width) * scale), ceil_by(f32(height) * scale)
+    else:
+        w_bar, h_bar = max(align, round_by(width)), max(align, round_by(height))
+    if max_pixels > 0 and h_bar * w_bar > max_pixels:
+        beta = np.sqrt(f32(height) * f32(width) / f32(max_pixels), dtype=f32)
+        h_bar = max(align, floor_by(f32(height) / beta))
+        w_bar = max(align, floor_by(f32(width) / beta))
+    elif min_pixels > 0 and h_bar * w_bar < min_pixels:
+        beta = np.sqrt(f32(min_pixels) / (f32(height) * f32(width)), dtype=f32)
+        h_bar = ceil_by(f32(height) * beta)
+        w_bar = ceil_by(f32(width) * beta)
+    return w_bar, h_bar
+
+
 def normalize(rgb: np.ndarray, mean, std) -> np.ndarray:
     """uint8 [H, W, 3] -> float32 [3, H, W]: (x / 255 - mean) / std, in float32 like the C++."""
     x = rgb.astype(np.float32) / np.float32(255.0)
