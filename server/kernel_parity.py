@@ -91,12 +91,14 @@ class KernelParity:
     def row_plans(self, positions: np.ndarray, ubatches, n_outputs: int) -> list["RowPlan"]:
         return [RowPlan(kind, batched_rows(kind, positions, *ubatches), n_outputs) for kind in self.kinds]
 
-    def turn_opener(self, template, tokenizer) -> list[int]:
-        """The tokens of a user turn's opening, where llama-server cuts batches of
-        sliding-window and hybrid models ([] when that does not apply)."""
+    def message_delimiters(self, template, tokenizer) -> list[tuple[str, list[int]]]:
+        """llama-server's message delimiters (role, tokens) for this chat template,
+        where it cuts batches of sliding-window and hybrid models at user messages
+        (server/chat_turns.py; [] when that does not apply)."""
         if not (self.enabled and self.checkpoints):
             return []
-        return user_turn_opener(template, tokenizer)
+        from ggserve.server.chat_turns import tokenized_delimiters
+        return tokenized_delimiters(template, tokenizer)
 
 
 def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoints: bool = False,
@@ -108,8 +110,8 @@ def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoi
     embeddings through mtmd), and llama_decode cuts each chunk into UBATCH-row
     ubatches from its start. For models with a sliding window or recurrent layers
     (`checkpoints`) it also ends a text batch CHECKPOINT_TAIL and CHECKPOINT_TAIL +
-    UBATCH tokens before the prompt's end, and before user turns of a chat
-    (`turn_starts`), to save context checkpoints there. Generated tokens come one per ubatch.
+    UBATCH tokens before the prompt's end, and before the user messages of a chat
+    where it saves context checkpoints (`turn_starts`: server/chat_turns.py). Generated tokens come one per ubatch.
     """
     if positions.min(initial=n_prompt) >= n_prompt:        # decode rows only
         return positions.astype(np.int64), np.ones(len(positions), dtype=np.int64)
@@ -277,40 +279,3 @@ def _union_waste(group, c0: int, c1: int) -> int:
             covered += b - max(a, end)
             end = b
     return end - ranges[0][0] - covered
-
-
-def user_turn_opener(template, tokenizer) -> list[int]:
-    """The tokens that open a user turn in this chat template, as llama.cpp's
-    template analysis finds them: the role marker before a probe message's text
-    (from its last special token that names a role, or for templates written in
-    plain text, from the last '<')."""
-    probe = "\u2063probe\u2063"
-    try:
-        text = template.render([{"role": "user", "content": probe}], add_generation_prompt=False)
-    except Exception:            # a template that refuses the probe: no turn cuts
-        return []
-    if probe not in text:
-        return []
-    tok = tokenizer
-    pre = text[:text.index(probe)].rstrip()
-    bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None and tok.bos_id >= 0 else ""
-    if bos and pre.startswith(bos):
-        pre = pre[len(bos):]
-    ids = tok.encode(pre, add_special=False, parse_special=True)
-    marks = [i for i in range(len(ids) - 1) if tok.is_special(ids[i]) and not tok.is_special(ids[i + 1])]
-    if marks:
-        return ids[marks[-1]:]
-    return tok.encode(pre[pre.rfind("<"):] if "<" in pre else pre, add_special=False, parse_special=True)
-
-
-def turn_starts(prompt: list[int], spans, opener: list[int]) -> tuple[int, ...]:
-    """Positions of the first and the last user turn of a chat prompt (the turn
-    opener's occurrences outside image rows), where llama-server starts a new
-    batch for models with a sliding window. () without an opener."""
-    if not opener:
-        return ()
-    images = {i for span in spans for i in range(span.start, span.end)}
-    k = len(opener)
-    found = [i for i in range(len(prompt) - k + 1)
-             if prompt[i:i + k] == opener and not images.intersection(range(i, i + k))]
-    return tuple(sorted({found[0], found[-1]})) if found else ()

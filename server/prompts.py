@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ggserve.models.vision.arrange import MEDIA_MARKER, arrange
-from ggserve.server.kernel_parity import turn_starts
+import numpy as np
+
+from ggserve.models.vision.arrange import MEDIA_MARKER, arrange, mrope_positions
+from ggserve.server.chat_turns import turn_cuts
 from ggserve.server.request_errors import ImagesNotSupported
 
 
@@ -17,21 +19,23 @@ from ggserve.server.request_errors import ImagesNotSupported
 class Prompt:
     tokens: list[int]
     images: list = field(default_factory=list)   # TileSpans: image rows within `tokens`
-    turn_starts: tuple = ()                      # server/kernel_parity.py
+    turn_starts: tuple = ()                      # batch cuts at user messages: server/chat_turns.py
     text: str = ""                               # the rendered chat text (chat prompts)
+    # int32 [n_pos, len(tokens)] where positions are not token indices (M-RoPE images), else None
+    positions: np.ndarray | None = None
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, chat_template, vision=None, turn_opener: list[int] = ()):
+    def __init__(self, tokenizer, chat_template, vision=None, delimiters=()):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.vision = vision
-        self.turn_opener = list(turn_opener)
+        self.delimiters = list(delimiters)     # (role, tokens): llama-server's message delimiters
 
     @classmethod
     def for_engine(cls, engine) -> "PromptBuilder":
         return cls(engine.tokenizer, engine.chat_template, engine.vision,
-                   engine.parity.turn_opener(engine.chat_template, engine.tokenizer))
+                   engine.parity.message_delimiters(engine.chat_template, engine.tokenizer))
 
     def check_images(self, n_images: int) -> None:
         """Refuse images up front (before fetching them) when the model has no projector."""
@@ -52,7 +56,7 @@ class PromptBuilder:
         ids = prompt.tokens
         # a template that writes the BOS text itself, plus add_special: one BOS only
         if not prompt.images and len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
-            prompt = Prompt(ids[1:], [], turn_starts(ids[1:], (), self.turn_opener), text)
+            prompt = Prompt(ids[1:], [], turn_cuts(ids[1:], (), self.delimiters), text)
         return prompt
 
     def build(self, text: str, images: list = ()) -> Prompt:
@@ -66,7 +70,7 @@ class PromptBuilder:
             raise ValueError(f"the prompt has {len(parts) - 1} image markers for {len(images)} images")
         if not images:
             ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-            return Prompt(ids, [], turn_starts(ids, (), self.turn_opener))
+            return Prompt(ids, [], turn_cuts(ids, (), self.delimiters))
         self.check_images(len(images))
         pieces = [parts[0]]
         for (sha, image), after in zip(images, parts[1:]):
@@ -74,4 +78,7 @@ class PromptBuilder:
             pieces.append(after)
         ids, spans = arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile,
                              self.vision.family)
-        return Prompt(ids, spans, turn_starts(ids, spans, self.turn_opener))
+        if any(span.grid is not None for span in spans):    # M-RoPE: images advance positions by their grid
+            return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters),
+                          positions=mrope_positions(len(ids), spans))
+        return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters))

@@ -1,5 +1,5 @@
 """Running the engine to completion, for tests (no server involved)."""
-from ggserve.server import kernel_parity
+from ggserve.server.chat_turns import turn_cuts
 from ggserve.server.engine import Engine, Request
 from ggserve.server.prompts import PromptBuilder
 from ggserve.server.sampling import SamplingParams
@@ -53,5 +53,5 @@ def build_prompt(engine: Engine, text: str, images=()) -> tuple[list[int], list]
 
 
 def turn_starts(engine: Engine, prompt: list[int], spans=()) -> tuple[int, ...]:
-    """Where llama-server starts a batch at a user turn (sliding-window models' chats)."""
-    return kernel_parity.turn_starts(prompt, spans, PromptBuilder.for_engine(engine).turn_opener)
+    """Where llama-server starts a batch at a user message (chats of models with context checkpoints)."""
+    return turn_cuts(prompt, spans, PromptBuilder.for_engine(engine).delimiters)
