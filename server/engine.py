@@ -113,7 +113,9 @@ class Engine:
         if too_long:
             raise ValueError(f"an image needs {too_long[0].n} tokens in one batch; the batch size is {self.n_batch}")
         self.images.pin(request.images)
-        self.scheduler.add(Sequence(request))
+        seq = Sequence(request)
+        seq.state_points = self.memory.state_points(len(request.prompt), request.turn_starts)
+        self.scheduler.add(seq)
 
     def cancel(self, request_id: str) -> None:
         seq = self.scheduler.remove(request_id)
@@ -161,7 +163,7 @@ class Engine:
             if cells is not None:
                 self.memory.undo_step(cells, seqs)
             return events + [self._fail(c.seq, f"the step failed: {e}") for c in plan.chunks]
-        self.memory.end_step(seqs, counts)
+        self.memory.end_step(seqs, counts, [c.seq.slot for c in plan.chunks if c.start + c.n in c.seq.state_points])
         for c in plan.chunks:
             c.seq.n_computed += c.n
         self.scheduler.observe(batch.n, self.runner.last_compute_seconds)

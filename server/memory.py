@@ -11,6 +11,8 @@ from ggserve.models.memory import LayerKV, LayerRecurrent
 from ggserve.server.kv_cache import KVCache
 from ggserve.server.recurrent_state import RecurrentState
 
+CHECKPOINT_TAIL = 4     # ref: llama.cpp tools/server/server-context.cpp, checkpoint_offsets
+
 
 class Memory:
     def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1):
@@ -43,32 +45,44 @@ class Memory:
     @property
     def cuts_anywhere(self) -> bool:
         """Can a sequence's memory be cut after any of its tokens? Not with a
-        recurrent state, which holds only where the sequence is now."""
+        recurrent state, which holds only where the sequence is and where it was
+        saved."""
         return self.recurrent is None
 
+    def state_points(self, n_prompt: int, turn_starts=()) -> tuple[int, ...]:
+        """Where a prompt's recurrent state is saved on its way (a prompt chunk ends
+        there): as llama-server's context checkpoints, CHECKPOINT_TAIL tokens before
+        the prompt's end (the next turn of a chat continues the prompt up to the
+        assistant's opening) and at user turns (a conversation sharing the system
+        prompt). () without recurrent layers."""
+        if self.recurrent is None:
+            return ()
+        return tuple(sorted({p for p in (n_prompt - CHECKPOINT_TAIL, *turn_starts) if 0 < p < n_prompt}))
+
     def reusable(self, seq: int, n: int) -> int:
-        """How much of n cached tokens seq can keep (or give to another sequence):
-        all of them, or for a recurrent state that does not end there, none."""
-        if self.recurrent is None or self.recurrent.can_keep(seq, n):
-            return n
-        return 0
+        """How many of n cached tokens seq can keep (or give to another sequence):
+        all of them, or with a recurrent state, as many as it has a state for."""
+        return n if self.recurrent is None else self.recurrent.reusable(seq, n)
 
     def keep(self, seq: int, n: int, pos: int) -> None:
         """seq keeps its first n tokens (n from `reusable`), those before position pos,
         and drops the rest."""
         self.kv.seq_rm(seq, pos)
-        if self.recurrent is not None and n == 0:
-            self.recurrent.alloc(seq)
+        if self.recurrent is not None:
+            if n == 0:
+                self.recurrent.alloc(seq)
+            else:
+                self.recurrent.keep(seq, n)
 
     def take_prefix(self, src: int, dst: int, n: int, pos: int) -> bool:
-        """dst drops what it holds and gets src's first n tokens (those before
-        position pos); False (nothing changed) when the recurrent state of src is not at n."""
-        if self.reusable(src, n) != n:
+        """dst drops what it holds and gets src's first n tokens (n > 0, those before
+        position pos); False (nothing changed) when src has no recurrent state there."""
+        if n <= 0 or self.reusable(src, n) != n:
             return False
         self.kv.seq_rm(dst)
         if self.recurrent is not None:
-            self.recurrent.copy(src, dst)
-        if n and not self.kv.seq_copy(self.backend, src, dst, pos):
+            self.recurrent.copy(src, dst, n)
+        if not self.kv.seq_copy(self.backend, src, dst, pos):
             self.kv.seq_cp(src, dst, 0, pos)     # no room to copy (or not one cell per position): share
         return True
 
@@ -92,10 +106,12 @@ class Memory:
         self.kv.commit(cells, seq_ids, positions, spans)
         return cells
 
-    def end_step(self, seqs: list[int], counts: list[int]) -> None:
-        """The step succeeded: the recurrent states it wrote become the live ones."""
+    def end_step(self, seqs: list[int], counts: list[int], save=()) -> None:
+        """The step succeeded: the recurrent states it wrote become the live ones, and
+        those of the sequences in `save` (at one of their state points) are saved."""
         if self.recurrent is not None:
             self.recurrent.advance(seqs, counts)
+            self.recurrent.snapshot(save)
 
     def undo_step(self, cells: np.ndarray, seqs: list[int]) -> None:
         """The step failed: its cells are free and each state is as before it (the

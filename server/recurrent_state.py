@@ -2,16 +2,18 @@
 
 A recurrent layer (gated delta net, SSM) keeps a fixed-size state per sequence
 instead of K/V per token. For each layer and each of its state tensors this holds
-one f32 tensor [size, 2 * n_seqs] in a ggml buffer on the layer's device: two rows
-per sequence, `seq` and `n_seqs + seq`. One of them is the live state (`live`); a
-step reads it and writes the new state into the other row, which becomes live
-only when the step succeeded (`advance`). A failed step leaves the live row as it
-was: nothing to copy before a step, nothing to restore after a failure.
+one f32 tensor [size, (2 + SNAPSHOTS) * n_seqs] in a ggml buffer on the layer's
+device. Two rows per sequence, `seq` and `n_seqs + seq`, take turns: one is the
+live state (`live`); a step reads it and writes the new state into the other,
+which becomes live only when the step succeeded (`advance`), so a failed step
+leaves the live state as it was. The other rows keep up to SNAPSHOTS copies of a
+sequence's state at earlier positions (`snapshot`), as llama-server keeps context
+checkpoints.
 
 A state reflects every token of its sequence up to `pos[seq]` (exclusive): unlike
-the KV cache it cannot be cut at an earlier position, only reset to empty. Prefix
-reuse therefore keeps a sequence's cached prefix only when it ends where the
-state does (`can_keep`).
+the KV cache it cannot be cut at any position, only restored to a snapshot or
+reset to empty. Prefix reuse therefore keeps a sequence's cached prefix only up
+to where the state ends or a snapshot was taken (`reusable`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import numpy as np
 
 from ggserve.models.memory import LayerRecurrent
 from ggserve.native import ggml
+
+SNAPSHOTS = 3       # saved states per sequence (llama-server keeps up to 8 context checkpoints per slot)
 
 
 class RecurrentState:
@@ -29,13 +33,14 @@ class RecurrentState:
         self.pos = np.zeros(n_seqs, dtype=np.int64)         # tokens the live state reflects
         self.live = np.arange(n_seqs, dtype=np.int64)      # the row holding each sequence's live state
         self.in_use = np.zeros(n_seqs, dtype=bool)
+        self.snaps: list[dict[int, int]] = [{} for _ in range(n_seqs)]   # per sequence: position -> row
         by_device: dict = {}
         for il, layer in enumerate(layers):
             if layer is not None:
                 by_device.setdefault(layer.device, []).append(il)
         self.buffers, tensors = [], {}
         for device, ils in by_device.items():
-            specs = [(f"state_l{il}_{i}", ggml.F32, (size, 2 * n_seqs))
+            specs = [(f"state_l{il}_{i}", ggml.F32, (size, (2 + SNAPSHOTS) * n_seqs))
                      for il in ils for i, size in enumerate(layers[il].sizes)]
             buf = backend.alloc(device, specs)
             buf.clear(0)
@@ -62,21 +67,36 @@ class RecurrentState:
     def alloc(self, seq: int) -> None:
         """Give seq an empty state (all zeros, reflecting no token)."""
         self._zero(seq)
+        self.snaps[seq].clear()
         self.in_use[seq] = True
 
     def free(self, seq: int) -> None:
         self.in_use[seq] = False
         self.pos[seq] = 0
+        self.snaps[seq].clear()
 
-    def copy(self, src: int, dst: int) -> None:
-        """dst's state becomes src's (a shared prefix: dst continues where src is)."""
-        self._copy_rows([self.live[src]], [self.live[dst]])
-        self.pos[dst] = self.pos[src]
+    def reusable(self, seq: int, n: int) -> int:
+        """The most of seq's first n tokens whose state seq has: where its live state
+        ends, or a snapshot (0: none)."""
+        if not self.in_use[seq]:
+            return 0
+        return max([p for p in (int(self.pos[seq]), *self.snaps[seq]) if p <= n], default=0)
+
+    def keep(self, seq: int, n: int) -> None:
+        """seq's state goes back to its first n tokens (n from `reusable`, > 0)."""
+        if n != self.pos[seq]:
+            self._copy_rows([self.snaps[seq][n]], [self.live[seq]])
+            self.pos[seq] = n
+        self.snaps[seq] = {p: r for p, r in self.snaps[seq].items() if p <= n}
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """dst's state becomes src's after its first n tokens (n from `reusable`, > 0):
+        a shared prefix, dst continues from there."""
+        row = self.live[src] if n == self.pos[src] else self.snaps[src][n]
+        self._copy_rows([row], [self.live[dst]])
+        self.pos[dst] = n
+        self.snaps[dst].clear()
         self.in_use[dst] = True
-
-    def can_keep(self, seq: int, n: int) -> bool:
-        """Can seq keep its first n tokens? Only where its state ends (or nothing: n == 0)."""
-        return n == 0 or (self.in_use[seq] and self.pos[seq] == n)
 
     def advance(self, seqs, counts) -> None:
         """After a step succeeded: seqs[i]'s new state (in its other row) is live and
@@ -84,6 +104,21 @@ class RecurrentState:
         for s, n in zip(seqs, counts):
             self.live[s] = self._other(self.live[s])
             self.pos[s] += n
+
+    def snapshot(self, seqs) -> None:
+        """Keep a copy of each of seqs' live state at its position (when it has
+        SNAPSHOTS already, the one furthest back gives way)."""
+        src, dst = [], []
+        for s in seqs:
+            snaps, p = self.snaps[s], int(self.pos[s])
+            if p not in snaps and len(snaps) == SNAPSHOTS:
+                snaps.pop(min(snaps))
+            if p not in snaps:
+                used = set(snaps.values())
+                snaps[p] = next(r for r in self._snapshot_rows(s) if r not in used)
+            src.append(self.live[s])
+            dst.append(snaps[p])
+        self._copy_rows(src, dst)
 
     # -- what a step's graph uses --------------------------------------------------
 
@@ -98,6 +133,10 @@ class RecurrentState:
         return {"state_rows": live.astype(np.int32), "state_rows_out": self._other(live).astype(np.int64)}
 
     # -- helpers -------------------------------------------------------------------
+
+    def _snapshot_rows(self, seq: int) -> range:
+        first = 2 * self.n_seqs + seq * SNAPSHOTS
+        return range(first, first + SNAPSHOTS)
 
     def _other(self, rows):
         """The other row of the sequences whose rows these are."""

@@ -49,6 +49,8 @@ class Sequence:
         self.n_generated = 0
         self.slot = -1
         self.images = request.images
+        # prompt positions a chunk must end at, to save the recurrent state there (Memory.state_points)
+        self.state_points: tuple[int, ...] = ()
         self.n_pos = 1 if request.positions is None else request.positions.shape[0]
         # generated tokens continue from the prompt's last position (all dims, as
         # llama.cpp's text positions for M-RoPE: p, p, p, 0)
@@ -90,8 +92,10 @@ class Sequence:
         return None
 
     def fit_chunk(self, start: int, n: int) -> int:
-        """Shorten a chunk [start, start+n) so it does not cut a bidirectional image
-        span (those rows must share a batch); may return 0."""
+        """Shorten a chunk [start, start+n) so it ends at the first state point inside
+        it and does not cut a bidirectional image span (those rows must share a
+        batch); may return 0."""
+        n = next((p - start for p in self.state_points if start < p < start + n), n)
         end = start + n
         for span in self.images:
             if span.bidirectional and span.start < end < span.end:

@@ -7,7 +7,7 @@ from ggserve.models.memory import LayerKV, LayerRecurrent, equal_blocks
 from ggserve.native import ggml
 from ggserve.server.kv_cache import KVCache
 from ggserve.server.memory import Memory
-from ggserve.server.recurrent_state import RecurrentState
+from ggserve.server.recurrent_state import SNAPSHOTS, RecurrentState
 from ggserve.server.sequence import Request, Sequence
 
 
@@ -85,11 +85,11 @@ def test_recurrent_state_allocates_copies_and_frees_per_sequence(backend):
     _step(state, 0, 7, 1.5)
     state.alloc(2)
     assert not _row(state, 1, 1, 2).any()
-    state.copy(0, 2)
+    state.copy(0, 2, 7)
     assert np.all(_row(state, 1, 0, 2) == 1.5) and np.all(_row(state, 1, 1, 2) == 1.5)
-    assert state.pos[2] == 7 and state.can_keep(2, 7) and not state.can_keep(2, 5)
+    assert state.pos[2] == 7 and state.reusable(2, 7) == 7 and state.reusable(2, 5) == 0
     state.free(2)
-    assert not state.in_use[2] and not state.can_keep(2, 7)
+    assert not state.in_use[2] and state.reusable(2, 7) == 0
     state.alloc(2)
     assert not _row(state, 1, 0, 2).any()
     state.close()
@@ -109,7 +109,46 @@ def test_a_step_writes_new_states_beside_the_live_ones(backend):
     state.close()
 
 
-def test_a_hybrid_model_keeps_a_cached_prefix_only_where_its_state_ends(backend):
+def test_a_saved_state_lets_a_sequence_go_back_to_it(backend):
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=2)
+    state.alloc(0)
+    _step(state, 0, 4, 1.0)
+    state.snapshot([0])                              # saved at 4
+    _step(state, 0, 5, 2.0)                          # now at 9
+    assert [state.reusable(0, n) for n in (3, 4, 8, 9, 12)] == [0, 4, 4, 9, 9]
+    state.copy(0, 1, 4)                              # another sequence continues from 4
+    assert state.pos[1] == 4 and np.all(_row(state, 0, 0, 1) == 1.0)
+    state.keep(0, 4)                                 # back to 4
+    assert state.pos[0] == 4 and np.all(_row(state, 0, 0, 0) == 1.0)
+    assert state.reusable(0, 9) == 4                 # what came after is gone
+    state.close()
+
+
+def test_a_sequence_keeps_its_last_saved_states(backend):
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=1)
+    state.alloc(0)
+    for n in range(1, SNAPSHOTS + 2):
+        _step(state, 0, 1, float(n))
+        state.snapshot([0])
+    assert sorted(state.snaps[0]) == list(range(2, SNAPSHOTS + 2))   # the one furthest back went
+    state.keep(0, 2)
+    assert np.all(_row(state, 0, 0, 0) == 2.0)
+    state.close()
+
+
+def test_a_prompts_state_is_saved_before_its_tail_and_at_user_turns(backend):
+    hybrid = Memory(backend, [LayerKV(8, 8, backend.cpu), LayerRecurrent((4,), backend.cpu)], kv_size=64,
+                    n_seqs=1, type_k=ggml.F16, type_v=ggml.F16)
+    assert hybrid.state_points(40, (0, 12, 30)) == (12, 30, 36)      # as llama-server's checkpoints
+    assert hybrid.state_points(3) == ()
+    hybrid.close()
+    attention_only = Memory(backend, [LayerKV(8, 8, backend.cpu)], kv_size=64, n_seqs=1,
+                            type_k=ggml.F16, type_v=ggml.F16)
+    assert attention_only.state_points(40, (12,)) == ()
+    attention_only.close()
+
+
+def test_a_hybrid_model_keeps_a_cached_prefix_only_where_it_has_its_state(backend):
     specs = [LayerKV(8, 8, backend.cpu), LayerRecurrent((4,), backend.cpu)]
     mem = Memory(backend, specs, kv_size=64, n_seqs=2, type_k=ggml.F16, type_v=ggml.F16)
     mem.keep(0, 0, 0)

@@ -9,8 +9,9 @@ from ggserve.models.registry import ModelError, model_class
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native.gguf_file import GGUFFile, TensorInfo
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.engine import Engine
-from engine_helpers import generate, max_logprob_deviation, tokens
+from ggserve.server.engine import Engine, Request
+from ggserve.server.prompts import PromptBuilder
+from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
 from server_harness import RunningServer
 from synth_golden import chat, completions, model_path
 
@@ -126,14 +127,59 @@ def test_a_prefix_ending_where_the_state_ends_is_reused_and_equals_a_fresh_promp
     _same_events(reused, solo(engine, follow_up, 16))
 
 
-def test_a_prefix_ending_before_the_state_ends_is_recomputed(engine):
+def test_a_prefix_ending_before_the_state_ends_restores_the_state_saved_before_the_prompts_tail(engine):
+    first = CASES["qa_math"]["prompt_ids"]                    # 13 tokens: state saved after 9
+    engine.clear_cache()
+    generate(engine, {"a": first}, 4)
+    other = first[:-3] + CASES["cjk"]["prompt_ids"]          # shares 10 tokens
+    again = generate(engine, {"b": other}, 16)["b"]
+    assert again[0].n_cached == 9
+    _same_events(again, solo(engine, other, 16))
+
+
+def test_a_prefix_shorter_than_any_saved_state_is_recomputed(engine):
     first = CASES["qa_math"]["prompt_ids"]
     engine.clear_cache()
     generate(engine, {"a": first}, 4)
-    other = first[:-3] + CASES["cjk"]["prompt_ids"]          # shares all but the last 3 prompt tokens
+    other = first[:5] + CASES["cjk"]["prompt_ids"]
     again = generate(engine, {"b": other}, 16)["b"]
     assert again[0].n_cached == 0
     _same_events(again, solo(engine, other, 16))
+
+
+def _chat_request(engine, rid: str, messages: list[dict], n: int) -> Request:
+    prompt = PromptBuilder.for_engine(engine).chat(messages)
+    return Request(rid, prompt.tokens, GREEDY, max_tokens=n, ignore_eos=True, turn_starts=prompt.turn_starts)
+
+
+def test_the_next_turn_of_a_chat_reuses_the_conversation(engine):
+    turn1 = [{"role": "system", "content": "You are a terse assistant."},
+             {"role": "user", "content": "What is 2 + 2?"}]
+    turn2 = turn1 + [{"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3 * 5?"}]
+    engine.clear_cache()
+    first = _chat_request(engine, "t1", turn1, 8)
+    generate_requests(engine, [first])
+    # the template drops the first answer's reasoning: the prompts part after "<|im_start|>assistant\n";
+    # the state saved 4 tokens before the first prompt's end (before "assistant\n<think>\n") is restored
+    second = _chat_request(engine, "t2", turn2, 16)
+    reused = generate_requests(engine, [second])["t2"]
+    assert reused[0].n_cached == len(first.prompt) - 4
+    engine.clear_cache()
+    fresh = generate_requests(engine, [_chat_request(engine, "t3", turn2, 16)])["t3"]
+    assert fresh[0].n_cached == 0
+    _same_events(reused, fresh)
+
+
+def test_another_conversation_with_the_same_system_prompt_reuses_it(engine):
+    system = {"role": "system", "content": "You are a terse assistant. " * 20}
+    other = [system, {"role": "user", "content": "Name a number."}]
+    a = _chat_request(engine, "a", [system, {"role": "user", "content": "Name a colour."}], 4)
+    engine.clear_cache()
+    generate_requests(engine, [a])
+    reused = generate_requests(engine, [_chat_request(engine, "b", other, 16)])["b"]
+    assert reused[0].n_cached == a.turn_starts[0] > 100          # the state saved where the user turn starts
+    engine.clear_cache()
+    _same_events(reused, generate_requests(engine, [_chat_request(engine, "c", other, 16)])["c"])
 
 
 def test_prompts_with_a_common_prefix_each_compute_it(engine):
