@@ -41,8 +41,7 @@ class ChatOptions:
         fmt = self.fmt or co.Format()
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
         return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning,
-                                 tools=self.fmt is not None, open_think=open_think,
-                                 max_calls=None if self.parallel else 1)
+                                 tools=self.fmt is not None, open_think=open_think)
 
 
 def _tool_names(tools: list) -> list[str]:

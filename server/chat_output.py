@@ -159,11 +159,12 @@ class Format:
                     break
                 pos = nxt
         except _Incomplete as inc:
-            return text[:start].rstrip(), calls + inc.calls
+            return text[:start], calls + inc.calls
         after = text[pos:]
         if partial:
             after = after[:len(after) - held(after, self.starts)]
-        return text[:start].rstrip() + after.strip() if after.strip() else text[:start].rstrip(), calls
+        # as llama-server: the text before the calls is kept as written
+        return text[:start] + after.strip(), calls
 
     def block(self, text: str, i: int, partial: bool) -> tuple[list[Call], int]:
         raise NotImplementedError
@@ -178,22 +179,75 @@ class Hermes(Format):
 
     def block(self, text, i, partial):
         i = _expect(text, i, "<tool_call>", partial)
-        try:
-            call, i = json_call(text, i, partial)
-        except _Incomplete as inc:
-            raise _Incomplete(inc.calls)
+        calls: list[Call] = []
+        while True:     # llama-server also takes several calls in one tag, comma-separated
+            try:
+                call, i = json_call(text, i, partial)
+            except _Incomplete as inc:
+                raise _Incomplete(calls + inc.calls)
+            calls.append(call)
+            j = skip_ws(text, i)
+            if not text.startswith(",", j):
+                break
+            i = j + 1
         try:
             i = _expect(text, i, "</tool_call>", partial)
         except _Incomplete:
-            raise _Incomplete([call])
-        return [call], i
+            raise _Incomplete(calls)
+        return calls, i
 
 
 class _XmlParams(Format):
-    """Shared by the XML-style formats: named parameters whose values are text."""
+    """Shared by the XML-style formats: named parameters whose values are text,
+    typed by the tool's schema. While streaming, the arguments grow as JSON: the
+    finished parameters, then the key being written and its value so far (an open
+    string, or the JSON written so far), as llama-server streams them."""
 
     def xml_call(self, name: str, params: list[tuple[str, str]]) -> Call:
         return Call(name, _dumps({k: _typed(v, self.param_schema(name, k)) for k, v in params}))
+
+    def partial_call(self, name: str, params: list[tuple[str, str]], key: str | None = None,
+                     raw: str = "") -> Call:
+        parts = [f"{_dumps(k)}:{_dumps(_typed(v, self.param_schema(name, k)))}" for k, v in params]
+        if key is not None:
+            tail = f"{_dumps(key)}:"
+            if raw:
+                as_text = (self.param_schema(name, key) or {}).get("type") == "string"
+                if not as_text:
+                    try:
+                        value_end(raw)
+                    except Malformed:
+                        as_text = True
+                tail += _dumps(raw)[:-1] if as_text else minify(raw)
+            parts.append(tail)
+        return Call(name, "{" + ",".join(parts))
+
+    def incomplete(self, text: str, i: int, name: str, params, key_open: str, key_close: str,
+                   value_open: str, value_close: str):
+        """Raise _Incomplete for the parameter being written at text[i:] (partial only)."""
+        j = skip_ws(text, i)
+        rest = text[j:]
+        if not rest.startswith(key_open):
+            if key_open.startswith(rest) or any(c.startswith(rest) for c in self.closers):
+                raise _Incomplete([self.partial_call(name, params)])
+            return
+        k = text.find(key_close, j + len(key_open))
+        if k < 0:
+            raise _Incomplete([self.partial_call(name, params)])
+        key = text[j + len(key_open):k].strip()
+        v = k + len(key_close)
+        if value_open:
+            v = skip_ws(text, v)
+            if not text.startswith(value_open, v):
+                if value_open.startswith(text[v:]):
+                    raise _Incomplete([self.partial_call(name, params, key)])
+                return
+            v += len(value_open)
+        raw = text[v:]
+        raw = raw[:len(raw) - held(raw, (value_close,))]
+        if raw.startswith("\n") and not value_open:
+            raw = raw[1:]
+        raise _Incomplete([self.partial_call(name, params, key, raw.rstrip("\n"))])
 
 
 class Qwen3Coder(_XmlParams):
@@ -202,6 +256,7 @@ class Qwen3Coder(_XmlParams):
     name = "qwen3_coder"
     markers = ("<tool_call>", "</tool_call>")
     starts = ("<tool_call>",)
+    closers = ("</function>",)
     _fn = re.compile(r"\s*<function=([^>\n]+)>")
     _param = re.compile(r"\s*<parameter=([^>\n]+)>\n?")
 
@@ -209,28 +264,26 @@ class Qwen3Coder(_XmlParams):
         i = _expect(text, i, "<tool_call>", partial)
         m = self._fn.match(text, i)
         if not m:
-            if partial and "<function=".startswith(text[skip_ws(text, i):][:10]) or \
-                    partial and text[skip_ws(text, i):].startswith("<function=") and ">" not in text[i:]:
+            rest = text[skip_ws(text, i):]
+            if partial and ("<function=".startswith(rest) or rest.startswith("<function=") and ">" not in rest):
                 raise _Incomplete([Call(None)])
             raise Malformed("expected <function=NAME>")
         name, i, params = m.group(1).strip(), m.end(), []
         while True:
             p = self._param.match(text, i)
-            if not p:
-                break
-            end = text.find("</parameter>", p.end())
+            end = text.find("</parameter>", p.end()) if p else -1
             if end < 0:
-                if partial:
-                    raise _Incomplete([Call(name)])
-                raise Malformed("unterminated parameter")
+                break
             value = text[p.end():end]
             params.append((p.group(1).strip(), value[:-1] if value.endswith("\n") else value))
             i = end + len("</parameter>")
+        if partial:
+            self.incomplete(text, i, name, params, "<parameter=", ">", "", "</parameter>")
         try:
             i = _expect(text, i, "</function>", partial)
             i = _expect(text, i, "</tool_call>", partial)
         except _Incomplete:
-            raise _Incomplete([Call(name)])
+            raise _Incomplete([self.partial_call(name, params)])
         return [self.xml_call(name, params)], i
 
 
@@ -240,21 +293,26 @@ class Glm45(_XmlParams):
     name = "glm"
     markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     starts = ("<tool_call>",)
+    closers = ("</tool_call>",)
     _kv = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
     def block(self, text, i, partial):
         i = _expect(text, i, "<tool_call>", partial)
-        ends = [j for j in (text.find("<arg_key>", i), text.find("</tool_call>", i)) if j >= 0]
+        # the name ends at its line end (or the first key, or the closer)
+        ends = [j for j in (text.find("<arg_key>", i), text.find("</tool_call>", i), text.find("\n", i + 1))
+                if j >= 0]
         if not ends:
             raise _Incomplete([Call(None)]) if partial else Malformed("unterminated tool call")
         name, i, params = text[i:min(ends)].strip(), min(ends), []
         while (m := self._kv.match(text, i)):
             params.append((m.group(1).strip(), m.group(2)))
             i = m.end()
+        if partial:
+            self.incomplete(text, i, name, params, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
         try:
             i = _expect(text, i, "</tool_call>", partial)
         except _Incomplete:
-            raise _Incomplete([Call(name)])
+            raise _Incomplete([self.partial_call(name, params)])
         return [self.xml_call(name, params)], i
 
 
@@ -533,7 +591,9 @@ def detect(source: str) -> type[Format]:
 
 
 def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_start: bool) -> tuple[str, str]:
-    """(reasoning, rest). A prompt that ends with the open tag starts inside reasoning."""
+    """(reasoning, rest). A prompt that ends with the open tag starts inside reasoning.
+    As llama-server: reasoning loses its leading whitespace (its trailing whitespace
+    stays); after a think block the prompt opened, the content is kept verbatim."""
     open_tag, close_tag = think
     if not close_tag:
         return "", text
@@ -549,8 +609,9 @@ def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_st
     if k < 0:
         if partial:
             body = body[:len(body) - held(body, (close_tag,))]
-        return body.strip(), ""
-    return body[:k].strip(), body[k + len(close_tag):].lstrip()
+        return body.lstrip(), ""
+    rest = body[k + len(close_tag):]
+    return body[:k].lstrip(), rest if open_at_start else rest.lstrip()
 
 
 def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = True,
@@ -565,9 +626,48 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
         content, calls = fmt.split_calls(rest, partial)
     except Malformed:
         return Parsed(r, "" if partial else rest)
-    if partial:     # whitespace before a call is dropped: hold it back until text follows
-        content = content.rstrip()
+    if rest is text:
+        content = content.lstrip()  # as llama-server: no leading whitespace
     return Parsed(r, content, calls)
+
+
+_PROBE_ARGS = '{"probe_key": "probe_value"}'
+
+
+def template_arguments(render) -> str:
+    """How a template wants earlier calls' arguments: "string" (as OpenAI sends them)
+    or "object" (parsed), probed as llama.cpp does: a template that does not write a
+    string argument back as given gets objects. render(messages) -> text."""
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
+             "function": {"name": "probe_tool", "arguments": _PROBE_ARGS}}]},
+            {"role": "tool", "tool_call_id": "call00001", "content": "ok"}]
+    try:
+        if _PROBE_ARGS in render(msgs):
+            return "string"
+    except Exception:
+        pass
+    return "object"
+
+
+def object_arguments(messages: list[dict]) -> list[dict]:
+    """Messages with each tool call's JSON arguments string parsed into an object."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        fn = {**fn, "arguments": json.loads(fn["arguments"])}
+                    except ValueError:
+                        pass
+                    c = {**c, "function": fn}
+                calls.append(c)
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
 
 
 def new_call_id() -> str:
@@ -588,9 +688,8 @@ class ChatOutput:
     """One choice's streamed text -> deltas in OpenAI's shape (see the module doc)."""
 
     def __init__(self, fmt: Format, *, reasoning: bool = True, tools: bool = True,
-                 open_think: bool = False, max_calls: int | None = None):
+                 open_think: bool = False):
         self.fmt = fmt
-        self.max_calls = max_calls        # parallel_tool_calls=false: the first call only
         self.opts = dict(reasoning=reasoning, tools=tools, open_think=open_think)
         self.text = ""
         self.reasoning = ""
@@ -619,7 +718,7 @@ class ChatOutput:
         if p.content.startswith(self.content):
             d.content = p.content[len(self.content):]
             self.content = p.content
-        for i, call in enumerate(p.calls[:self.max_calls]):
+        for i, call in enumerate(p.calls):
             if call.name is None:
                 break
             if i >= len(self.calls):
