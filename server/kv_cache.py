@@ -252,7 +252,8 @@ class KVCache:
         return c0, c0 + n
 
     def build_mask(self, c0: int, c1: int, seq_ids: np.ndarray, positions: np.ndarray,
-                   spans: np.ndarray | None = None, window: int = 0, chunk: int = 0) -> np.ndarray:
+                   spans: np.ndarray | None = None, window: int = 0, chunk: int = 0,
+                   pos_ext: np.ndarray | None = None) -> np.ndarray:
         """f16 [n_tokens, c1 - c0]: 0 where token i may attend to cell c0 + j, -inf elsewhere.
 
         Call after commit(), so the batch's own cells are included. Causal within a
@@ -261,12 +262,19 @@ class KVCache:
         `chunk`, only positions of the token's own chunk (llama.cpp's chunked
         attention: masked when pos_cell < pos_tok // chunk * chunk); cells of
         the token's own bidirectional span are visible regardless of position.
+        pos_ext (M-RoPE: the tokens' other positions, [n_pos - 1, n_tokens]): a cell at
+        the token's own first position is masked when it comes later on the image grid
+        (row, then column), as llama.cpp's M-RoPE causal mask (is_2d_gt).
         """
         cpos = self.pos[c0:c1][None, :]
         cseq = self.seqs[c0:c1][None, :]
         tpos = positions[:, None]
         tbit = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))[:, None]
         visible = cpos <= tpos
+        if pos_ext is not None and self.n_pos > 1:
+            cy, cx = self.pos_ext[0, c0:c1][None, :], self.pos_ext[1, c0:c1][None, :]
+            ty, tx = pos_ext[0][:, None], pos_ext[1][:, None]
+            visible &= ~((cpos == tpos) & ((cy > ty) | ((cy == ty) & (cx > tx))))
         if spans is not None and spans.any():
             tspan = spans[:, None]
             visible |= (tspan != 0) & (self.span[c0:c1][None, :] == tspan)
@@ -292,7 +300,8 @@ class KVCache:
             blocks = []
             for t0, t1, c0, c1, rows in calls:
                 m = self.build_mask(c0, c1, seq_ids[t0:t1], positions[t0:t1],
-                                    None if spans is None else spans[t0:t1], window, chunk)
+                                    None if spans is None else spans[t0:t1], window, chunk,
+                                    self.pos_ext[:, cells[t0:t1]] if self.n_pos > 1 else None)
                 blocks.append(m.ravel())
                 if rows > t1 - t0:       # padding rows (see attention_calls): see every cell
                     blocks.append(np.zeros((rows - (t1 - t0)) * (c1 - c0), dtype=np.float16))

@@ -51,9 +51,12 @@ class LoadedModel:
             except ModelError as e:
                 # an mmproj that cannot pair with this text model: name both files
                 raise ModelError(f"{e} (text model {self.path})") from None
-            if self.vision.n_embd_out != self.model.n_embd:
+            # an image row carries what the text model's input rows hold (Qwen3-VL: the
+            # embedding plus one slice per deepstack layer)
+            n_in = getattr(self.model, "n_embd_inp", self.model.n_embd)
+            if self.vision.n_embd_out != n_in:
                 raise ModelError(f"{mmproj}: projects to {self.vision.n_embd_out} dims, "
-                                 f"the text model {self.path} has {self.model.n_embd}")
+                                 f"the text model {self.path} takes {n_in}")
 
     @functools.cached_property
     def chat_template(self):

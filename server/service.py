@@ -303,6 +303,8 @@ class Service:
             extra = {"images": list(p.images)} if p.images else {}
             if p.turn_starts:
                 extra["turn_starts"] = tuple(p.turn_starts)
+            if p.positions is not None:
+                extra["positions"] = p.positions
             requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens),
                                                params=prm, max_tokens=limit,
                                                ignore_eos=ignore_eos, **extra))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 MEDIA_MARKER = "<__media__>"
 
 
@@ -30,6 +32,8 @@ class TileSpan:
     tile: object        # float32 [3, H, W] pixels to encode (dropped once encoded)
     bidirectional: bool  # rows attend to each other both ways (and must share a batch)
     counted: bool = False  # counted once as an image-cache hit or miss (server/engine.py)
+    # M-RoPE (Qwen-VL): the rows' (columns, rows) grid; the span takes max of the two positions
+    grid: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -63,10 +67,10 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int,
             tokens.extend(tokenizer.encode(s, add_special=first, parse_special=True))
         first = False
 
-    def image(sha: str, index: int, tile, bidirectional: bool, n: int = tokens_per_tile) -> None:
+    def image(sha: str, index: int, tile, bidirectional: bool, n: int = tokens_per_tile, grid=None) -> None:
         key = f"{sha}:{index}"
         placeholder = -1 - (int(sha[:12], 16) * 64 + index) % (2**62)
-        spans.append(TileSpan(len(tokens), n, key, tile, bidirectional))
+        spans.append(TileSpan(len(tokens), n, key, tile, bidirectional, grid=grid))
         tokens.extend([placeholder] * n)
 
     for piece in pieces:
@@ -77,8 +81,8 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int,
         if first:
             text("")
         if family is not None:
-            family.layout(tiles, text, lambda i, bidirectional=False, sha=sha, tiles=tiles:
-                          image(sha, i, tiles[i], bidirectional, tiles.n_tokens[i]))
+            family.layout(tiles, text, lambda i, bidirectional=False, grid=None, sha=sha, tiles=tiles:
+                          image(sha, i, tiles[i], bidirectional, tiles.n_tokens[i], grid))
         elif projector == "gemma3":
             text("<start_of_image>")
             image(sha, 0, tiles[0], True)
@@ -100,3 +104,36 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int,
             for i, t in enumerate(tiles):
                 image(sha, i, t, False)
     return tokens, spans
+
+
+def mrope_positions(n_tokens: int, spans) -> np.ndarray:
+    """int32 [4, n_tokens]: the M-RoPE positions (t, h, w, e) of a prompt, as mtmd gives them.
+
+    Text token at position p: (p, p, p, 0), the next is p + 1. The rows of a span with a
+    grid (gx, gy) from p0: row i at (p0, p0 + i // gx, p0 + i % gx, 0), and the text
+    after it starts at p0 + max(gx, gy). A span without a grid: (p, p, p, p) per row,
+    one position each (mtmd's MTMD_POS_TYPE_NORMAL).
+    ref: llama.cpp tools/mtmd/mtmd.cpp mtmd_image_tokens_get_decoder_pos / get_n_pos,
+    mtmd-helper-common.h set_position_mrope_2d (.y to section 1, .x to section 2).
+    """
+    pos = np.zeros((4, n_tokens), dtype=np.int32)
+    p, i = 0, 0
+    for span in sorted(spans, key=lambda s: s.start):
+        k = span.start - i
+        pos[:3, i:span.start] = p + np.arange(k, dtype=np.int32)
+        p += k
+        if span.grid is None:
+            pos[:, span.start:span.end] = p + np.arange(span.n, dtype=np.int32)
+            p += span.n
+        else:
+            gx, gy = span.grid
+            if gx * gy != span.n:
+                raise ValueError(f"an image span of {span.n} rows has a {gx}x{gy} grid")
+            r = np.arange(span.n, dtype=np.int32)
+            pos[0, span.start:span.end] = p
+            pos[1, span.start:span.end] = p + r // gx
+            pos[2, span.start:span.end] = p + r % gx
+            p += max(gx, gy)
+        i = span.end
+    pos[:3, i:] = p + np.arange(n_tokens - i, dtype=np.int32)
+    return pos
