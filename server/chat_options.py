@@ -22,9 +22,13 @@ class ChatOptions:
     grammar_kind: str | None = None    # json_schema | gbnf | lark
     grammar_text: object = None
 
-    def messages(self, msgs: list[dict]) -> list[dict]:
-        """The generic format's tools go to the model in a system message (the template
-        has no place for them), as llama-server writes it."""
+    def messages(self, msgs: list[dict], template=None) -> list[dict]:
+        """Messages as the template wants them: earlier calls' arguments as objects for
+        templates that expect them (as llama.cpp probes), and the generic format's
+        tools in a system message (the template has no place for them)."""
+        if template is not None and any(m.get("tool_calls") for m in msgs) \
+                and _arguments_kind(template) == "object":
+            msgs = co.object_arguments(msgs)
         if not isinstance(self.fmt, co.Generic) or not self.tools:
             return msgs
         import json
@@ -42,6 +46,16 @@ class ChatOptions:
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
         return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning,
                                  tools=self.fmt is not None, open_think=open_think)
+
+
+_KINDS: dict[int, str] = {}
+
+
+def _arguments_kind(template) -> str:
+    key = id(template)
+    if key not in _KINDS:
+        _KINDS[key] = co.template_arguments(lambda m: template.render(m))
+    return _KINDS[key]
 
 
 def _tool_names(tools: list) -> list[str]:

@@ -68,7 +68,7 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
         images.append((loaded.sha256, loaded.image))
     try:
         return await api.service.chat_prompt(
-            opts.messages(msgs), opts.tools, images, template_kwargs=opts.template_kwargs,
+            opts.messages(msgs, getattr(api.engine, "chat_template", None)), opts.tools, images, template_kwargs=opts.template_kwargs,
             continue_final=msgs[-1]["role"] == "assistant")   # prefill: continue it
     except RequestError:
         raise
