@@ -183,7 +183,7 @@ class Engine:
         """Sample each output row; a row that is not finite ends its request alone."""
         if not chunks:
             return []
-        finite = np.isfinite(logits).all(axis=1)
+        finite = np.isfinite(logits.max(axis=1))      # a NaN or +inf anywhere in a row shows in its max
         events = []
         if not finite.all():
             events = [self._fail(c.seq, "the model produced non-finite logits")

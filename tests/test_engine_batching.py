@@ -3,6 +3,7 @@ a prompt fed in chunks equals it fed whole; sampling is reproducible."""
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from ggserve.server.engine import ContextLengthExceeded, Engine, Request
@@ -149,3 +150,24 @@ def test_cancel_frees_the_sequence_cells(smollm2_path):
     e.cancel("a")
     stats = e.stats()
     assert (stats["kv_used"], stats["running"], stats["waiting"]) == (0, 0, 0)
+
+
+def test_a_row_with_non_finite_logits_ends_only_its_request(smollm2_path, solo_tokens):
+    # fault injection: the graph's logits for one request's row become NaN in one step
+    e = _engine(smollm2_path)
+    run = e.runner.run
+
+    def poisoned(batch, cells, n_threads):
+        logits = run(batch, cells, n_threads)
+        for i, c in enumerate(batch.out_chunks):
+            if c.seq.id == "bad" and c.seq.n_generated == 3:
+                logits[i, 7] = np.nan
+        return logits
+
+    e.runner.run = poisoned
+    events = generate(e, {"bad": FOUR["story"], "capital": FOUR["capital"]}, 32)
+    stats = e.stats()
+    e.close()
+    assert [ev.finish_reason for ev in events["bad"]][-1] == "error" and len(tokens(events["bad"])) == 3
+    assert tokens(events["capital"]) == solo_tokens["capital"]
+    assert (stats["running"], stats["waiting"]) == (0, 0)
