@@ -219,3 +219,28 @@ def test_wrong_pairs_are_refused_naming_both_files(family):
     with pytest.raises(ModelError) as err:
         Engine(text, n_ctx=512, n_parallel=1, n_threads=2, mmproj=_mmproj(family))
     assert text in str(err.value) and _mmproj(family) in str(err.value)
+
+
+def test_served_chat_with_an_image_equals_llama_server():
+    """The HTTP path (prompt builder on the service's thread, positions through the
+    request) gives llama-server's answer for a Qwen2.5-VL image."""
+    import base64
+
+    import httpx
+
+    from ggserve.server.app import ServerConfig, create_app
+    from server_harness import RunningServer
+
+    case = _golden("qwen25vl", "gray_37x53.png")
+    cfg = ServerConfig(model=str(SYNTH / "models" / _cfg("qwen25vl")["text_model"]), mmproj=_mmproj("qwen25vl"),
+                       n_ctx=8192, n_parallel=1, n_batch=512, n_threads=2)
+    url = "data:image/png;base64," + base64.b64encode((GOLDEN / "images" / "gray_37x53.png").read_bytes()).decode()
+    body = {k: v for k, v in case["request"].items() if k not in ("messages", "return_tokens", "verbose")}
+    body["messages"] = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                     {"type": "text", "text": "Describe this image."}]}]
+    with RunningServer(create_app(cfg)) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300).json()
+    assert r["usage"]["prompt_tokens"] == case["prompt_tokens"]
+    content = r["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [s["token"] for s in case["steps"]]
+    assert max(abs(c["logprob"] - s["logprob"]) for c, s in zip(content, case["steps"])) <= LOGPROB_TOL
