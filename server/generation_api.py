@@ -17,7 +17,7 @@ from .errors import APIError, invalid, to_api_error
 from .media import MediaError, load_image
 from .prompts import Prompt
 from .request_errors import RequestError
-from .service import Job
+from .jobs import Job
 
 
 async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions):

@@ -7,10 +7,7 @@ asked for it. No other code calls the engine while a step runs. Prompts are buil
 by the service's PromptBuilder on a thread of their own (`chat_prompt`), from
 what never changes after loading, so building one never waits for a step.
 
-A Job is one HTTP request: one engine request per choice (n > 1, or several
-prompts in /v1/completions), one queue for all of them. Iterating a Job yields
-(choice index, Delta): detokenized text with stop strings cut out, the logprobs
-of the tokens behind that text, and the finish reason.
+Jobs (server/jobs.py) turn the engine's TokenEvents into what a client sees.
 """
 from __future__ import annotations
 
@@ -20,155 +17,16 @@ import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from .errors import APIError
+from .jobs import Choice, Job
 from .metrics import Metrics
 from .prompts import Prompt, PromptBuilder
-from .stops import StopMatcher
 
 log = logging.getLogger("ggserve.server")
 
 _ids = itertools.count()
-
-
-@dataclass
-class Delta:
-    text: str = ""
-    # (token id, logprob, [(token id, logprob), ...]) for each token behind `text`
-    logprobs: list[tuple[int, float | None, list[tuple[int, float]]]] = field(
-        default_factory=list)
-    finish_reason: str | None = None
-    reasoning: str = ""
-    tool_calls: list[dict] = field(default_factory=list)
-
-
-class _Choice:
-    """Turns one engine request's TokenEvents into Deltas."""
-
-    def __init__(self, request_id: str, tokenizer, decoder, stops: list[str] | None,
-                 output=None):
-        self.request_id = request_id
-        self.tokenizer = tokenizer
-        self.decoder = decoder
-        self.stops = StopMatcher(stops)
-        self.output = output      # server/chat_output.py ChatOutput: reasoning and tool calls
-        self.finish_reason: str | None = None
-        self.engine_done = False
-        self.n_tokens = 0
-        self.n_prompt = 0
-        self.n_cached = 0
-        self.t_first: float | None = None
-        self.t_last: float | None = None
-        self._text_len = 0      # characters decoded so far
-        self._emitted = 0       # characters released to the client
-        self._pending: list[tuple[int, tuple]] = []  # (start offset, logprob entry)
-
-    def feed(self, ev) -> Delta:
-        self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
-        out = ""
-        if ev.token is not None:
-            self.n_tokens += 1
-            eog_stop = ev.finish_reason == "stop" and self.tokenizer.is_eog(ev.token)
-            if not eog_stop:
-                piece = self.decoder.push(ev.token)
-                self._pending.append((self._text_len, (ev.token, ev.logprob,
-                                                       list(ev.top_logprobs or ()))))
-                self._text_len += len(piece)
-                out = self.stops.push(piece)
-        finish = ev.finish_reason
-        if finish is not None:
-            self.engine_done = True
-            out += self.stops.push(self.decoder.flush())
-            out += self.stops.flush()
-        if self.stops.stopped:
-            finish = "stop"
-        self._emitted += len(out)
-        delta = Delta(out, self._release(finish is not None), finish)
-        if self.output is not None:
-            parts = self.output.feed(out)
-            if finish is not None:
-                end = self.output.finish()
-                parts.reasoning += end.reasoning
-                parts.content += end.content
-                parts.tool_calls += end.tool_calls
-                if finish == "stop" and self.output.calls:
-                    delta.finish_reason = finish = "tool_calls"
-            delta.text, delta.reasoning, delta.tool_calls = parts.content, parts.reasoning, parts.tool_calls
-        self.finish_reason = finish
-        return delta
-
-    def _release(self, final: bool) -> list:
-        """Logprob entries of the tokens whose text has been released.
-
-        A token is released once text starting at its offset has gone out; at a
-        stop string, tokens entirely inside the stop are dropped."""
-        if final and not self.stops.stopped:
-            done, self._pending = self._pending, []
-        else:
-            n = 0
-            while n < len(self._pending) and self._pending[n][0] < self._emitted:
-                n += 1
-            done, self._pending = self._pending[:n], self._pending[n:]
-            if final:
-                self._pending = []
-        return [entry for _, entry in done]
-
-
-class Job:
-    """One HTTP request's engine requests. Iterate it for (index, Delta)."""
-
-    def __init__(self, prompts: list[list[int]], choices: list[_Choice], cancel: Callable[[str], None]):
-        self.prompts = prompts
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.choices = choices
-        self._cancel = cancel             # the service's: ends an engine request
-        self.t_submit = time.perf_counter()
-        self._open = len(self.choices)
-
-    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
-        while self._open:
-            item = await self.queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            index, ev = item
-            choice = self.choices[index]
-            if choice.finish_reason is not None:
-                continue  # stopped by a stop string; late events from the engine
-            delta = choice.feed(ev)
-            if delta.finish_reason is not None:
-                self._open -= 1
-                if not choice.engine_done:
-                    self._cancel(choice.request_id)
-            if delta.text or delta.logprobs or delta.finish_reason or delta.reasoning or delta.tool_calls:
-                yield index, delta
-
-    def close(self) -> None:
-        """Cancel whatever is still running (client gone, error, or done)."""
-        for c in self.choices:
-            if not c.engine_done:
-                c.engine_done = True
-                self._cancel(c.request_id)
-
-    # usage
-    @property
-    def prompt_tokens(self) -> int:
-        seen, total = set(), 0
-        for p, c in zip(self.prompts, self.choices):
-            key = id(p)
-            if key not in seen:
-                seen.add(key)
-                total += c.n_prompt or len(p)
-        return total
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(c.n_tokens for c in self.choices)
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.choices[0].n_cached
 
 
 class Service:
@@ -293,7 +151,7 @@ class Service:
                 return ShowingDecoder(tok, show_tokens)
             return self._make_decoder(tok)
 
-        choices = [_Choice(f"{base}-{i}", tok, decoder(), stops, output() if output else None)
+        choices = [Choice(f"{base}-{i}", tok, decoder(), stops, output() if output else None)
                    for i in range(len(prompts))]
         job = Job([p.tokens for p in prompts], choices, self.cancel)
         requests = []
