@@ -370,7 +370,7 @@ def test_corrupt_mmproj(mmproj_dir, tmp_path, backend):
         VisionModel.from_gguf(tmp_path / "missing.gguf", backend)
 
 
-def _write_clip(path, projector="resampler", arch="clip", drop=()):
+def _write_clip(path, projector="cogvlm", arch="clip", drop=()):
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch=arch)
@@ -392,9 +392,9 @@ def _write_clip(path, projector="resampler", arch="clip", drop=()):
 
 
 def test_unknown_projector_type(tmp_path, backend):
-    p = tmp_path / "resampler.gguf"
+    p = tmp_path / "cogvlm.gguf"
     _write_clip(p)
-    with pytest.raises(ModelError, match=rf"{p}.*unsupported projector type 'resampler'"):
+    with pytest.raises(ModelError, match=rf"{p}.*unsupported projector type 'cogvlm'"):
         VisionModel.from_gguf(p, backend)
 
 
