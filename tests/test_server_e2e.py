@@ -386,8 +386,8 @@ def test_sdk_raises_typed_errors(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=server.model, messages=ask("hi " * 600))
     assert e.value.code == "context_length_exceeded"
-    with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="nope", messages=ask("hi"))
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="gpt-4o-mini", messages=ask("hi"), extra_body={"mirostat": 2})
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=server.model, prompt="x", max_tokens=-5)
 
