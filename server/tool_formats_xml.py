@@ -8,7 +8,6 @@ from .json_scan import Malformed, minify, skip_ws, value_end
 from .tool_syntax import Call, Format, Parsed, _Incomplete, _dumps, _expect, _typed, held
 
 
-
 class _XmlParams(Format):
     """Shared by the XML-style formats: named parameters whose values are text,
     typed by the tool's schema. While streaming, the arguments grow as JSON: the
