@@ -1,6 +1,7 @@
 """Qwen2.5-VL (qwen2.5vl_merger + the qwen2vl text model), Qwen3-VL (qwen3vl_merger +
-the qwen3vl text model, deepstack) and Gemma 4 vision (gemma4v + the llama text model,
-non-causal image spans) against llama.cpp 11434's llama-server.
+the qwen3vl text model, deepstack), Gemma 4 vision (gemma4v + the llama text model,
+non-causal image spans) and Llama 4 vision (llama4 tiles + overview, pixel shuffle, + the
+llama text model) against llama.cpp 11434's llama-server.
 
 Data: ../shared/golden/synth-vision (README section "Synthetic vision projectors not yet
 in ggserve"): per family 8 images + one two-image request, each with the prompt token
@@ -30,10 +31,11 @@ from ggserve.server.prompts import PromptBuilder
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 SYNTH = GOLDEN / "synth-vision"
 CONFIGS = json.loads((SYNTH / "out" / "multimodal.json").read_text())["configs"]
-FAMILIES = ["qwen25vl", "qwen3vl", "gemma4v"]
+FAMILIES = ["qwen25vl", "qwen3vl", "gemma4v", "llama4"]
 MROPE = ("qwen25vl", "qwen3vl")
 TWO = "checker_300x200.png+tall_200x600.png"
-DEFAULT_IMAGE = {"qwen25vl": "grad_64x64.png", "qwen3vl": "tall_200x600.png", "gemma4v": "gray_37x53.png"}
+DEFAULT_IMAGE = {"qwen25vl": "grad_64x64.png", "qwen3vl": "tall_200x600.png", "gemma4v": "gray_37x53.png",
+                 "llama4": "tall_200x600.png"}
 LOGPROB_TOL = 0.01
 
 
@@ -207,19 +209,21 @@ def test_a_2048_image_fits_the_memory_reserved_at_load(engines, family):
     vm = e.vision
     reserved = dict(vm.backend.compute_bytes)
     for size in [(2048, 2048), (4096, 28), (28, 4096), (1, 1)]:
-        w, h = vm.plan(*size).resized
-        g = vm.max_graph((w, h))
-        try:
-            vm.backend.reserve(g)
-        finally:
-            g.close()
-        assert vm.backend.compute_bytes == reserved, (family, size, (w, h))
+        tiles = vm.preprocess(np.zeros((size[1], size[0], 3), np.uint8))
+        for w, h in {(t.shape[2], t.shape[1]) for t in tiles}:
+            g = vm.max_graph((w, h))
+            try:
+                vm.backend.reserve(g)
+            finally:
+                g.close()
+            assert vm.backend.compute_bytes == reserved, (family, size, (w, h))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_wrong_pairs_are_refused_naming_both_files(family):
     # the llama text model has n_embd 128, the qwen2vl one 32; the projectors give 32 / 96 / 128
-    text = str(SYNTH / "models" / ("synth-qwen2vl.gguf" if family == "gemma4v" else "synth-llama-smolvocab.gguf"))
+    text = str(SYNTH / "models" / ("synth-qwen2vl.gguf" if family in ("gemma4v", "llama4")
+                                   else "synth-llama-smolvocab.gguf"))
     with pytest.raises(ModelError) as err:
         Engine(text, n_ctx=512, n_parallel=1, n_threads=2, mmproj=_mmproj(family))
     assert text in str(err.value) and _mmproj(family) in str(err.value)
