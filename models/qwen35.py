@@ -53,9 +53,7 @@ class Layer:
             self.wo = w.get(p + "attn_output.weight", (n_q, m.n_embd))
             self.q_norm = w.get(p + "attn_q_norm.weight", (m.head_dim,))
             self.k_norm = w.get(p + "attn_k_norm.weight", (m.head_dim,))
-        self.ffn_gate = w.get(p + "ffn_gate.weight", (m.n_embd, m.n_ff))
-        self.ffn_up = w.get(p + "ffn_up.weight", (m.n_embd, m.n_ff))
-        self.ffn_down = w.get(p + "ffn_down.weight", (m.n_ff, m.n_embd))
+        m.load_ffn(self, w, i)
 
 
 @register("qwen35")
@@ -65,6 +63,7 @@ class Qwen35Model:
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
         hp.read_transformer(self, 1e-6)
+        self.read_ffn_hparams(hp)
         self.n_rot = hp.get("rope.dimension_count", self.head_dim)
         self.sections = tuple(int(s) for s in hp.get("rope.dimension_sections", required=True))[:4]
         self.rope_base = hp.get("rope.freq_base", 10000.0)
@@ -93,6 +92,9 @@ class Qwen35Model:
         self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
         self.layers = [Layer(w, i, self) for i in range(self.n_layer)]
 
+    def read_ffn_hparams(self, hp: HParams) -> None:
+        """The FFN's hyperparameters beyond n_ff (none here; Qwen3.5-MoE: the experts')."""
+
     def memory_layers(self, device_of_layer) -> list:
         """Attention layers keep K/V per token; the others a conv state (the last
         d_conv - 1 inputs of each channel) and a delta-rule state per sequence."""
@@ -112,13 +114,21 @@ class Qwen35Model:
             else:
                 h = self._attention(g, inp, il, L, h)
             x = g.add(h, x)
-            h = g.mul(g.rms_norm(x, self.eps), L.post_norm)
-            h = g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h))
-            x = g.add(inp.mm(g, L.ffn_down, h), x)
+            x = g.add(self.ffn(g, inp, L, g.mul(g.rms_norm(x, self.eps), L.post_norm)), x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
         if inp.out_ids is not None:
             x = g.get_rows(x, inp.out_ids)
         return inp.mm(g, self.output, x)
+
+    def load_ffn(self, L: Layer, w: Weights, i: int) -> None:
+        """The FFN's weights of layer i on L (a SwiGLU FFN; Qwen3.5-MoE: experts)."""
+        p = f"blk.{i}."
+        L.ffn_gate = w.get(p + "ffn_gate.weight", (self.n_embd, self.n_ff))
+        L.ffn_up = w.get(p + "ffn_up.weight", (self.n_embd, self.n_ff))
+        L.ffn_down = w.get(p + "ffn_down.weight", (self.n_ff, self.n_embd))
+
+    def ffn(self, g, inp, L: Layer, h):
+        return inp.mm(g, L.ffn_down, g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h)))
 
     def _attention(self, g, inp, il, L, h):
         n, d, n_head = inp.n_tokens, self.head_dim, self.n_head
