@@ -161,9 +161,14 @@ class RowPlan:
             first = len(many) + (min(solo_max, len(few)) if kind == "repack" else 0)
             self.calls = [(0, first)] + _chunks(first, len(many) + len(few), solo_max)
             self.perm = np.concatenate([many, few]).astype(np.int32)
-            inv = np.empty(n_tokens, dtype=np.int32)
-            inv[self.perm[::-1]] = np.arange(len(self.perm), dtype=np.int32)[::-1]   # first copy wins
-            self.inv = inv
+            if len(self.perm) == n_tokens and not np.any(self.perm - np.arange(n_tokens)):
+                # rows already in kernel order, no padding (a whole 512-row ubatch):
+                # the calls cut the batch as it is, with no gather before or after
+                self.perm = self.inv = None
+            else:
+                inv = np.empty(n_tokens, dtype=np.int32)
+                inv[self.perm[::-1]] = np.arange(len(self.perm), dtype=np.int32)[::-1]   # first copy wins
+                self.inv = inv
         else:
             self.calls = _chunks(0, n_tokens, solo_max)
             self.perm = self.inv = None
