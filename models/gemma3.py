@@ -53,10 +53,7 @@ class Gemma3Model:
         self.q_scale = 1.0 / math.sqrt(self.head_dim)
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         n_q, n_kv = self.head_dim * self.n_head, self.head_dim * self.n_head_kv
         self.layers = [Layer(w, i, self.n_embd, self.head_dim, n_q, n_kv, self.n_ff)
                        for i in range(self.n_layer)]

@@ -88,10 +88,7 @@ class Gemma4Model:
             raise ModelError(f"{path}: attention.sliding_window_pattern has {len(self.swa)} entries for {n} layers")
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", (full_dim // 2,), required=not all(self.swa))
         self.layers = [Layer(w, i, self.n_embd, self.head_dim[i], self.n_head[i], self.n_head_kv[i], self.n_ff[i])
                        for i in range(n)]

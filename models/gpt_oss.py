@@ -64,10 +64,7 @@ class GptOssModel:
                                    gating=moe.SOFTMAX_WEIGHT, act=moe.SWIGLU_OAI)
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab))
+        w.embeddings_and_output(self, tied_output=False)
         self.layers = [Layer(w, i, self) for i in range(self.n_layer)]
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:

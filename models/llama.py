@@ -10,7 +10,7 @@ from ggserve.native import ggml
 from ggserve.models.hparams import HParams
 from ggserve.models.registry import register
 from ggserve.models.weights import Weights
-from ggserve.models.memory import LayerKV
+from ggserve.models.memory import LayerKV, global_attention_layers
 
 
 class Layer:
@@ -50,19 +50,14 @@ class LlamaModel:
         self.kq_scale = hp.get("attention.scale", 0.0) or 1.0 / math.sqrt(self.head_dim)
 
         w = Weights(tensors, path)
-        n_vocab = w.get("token_embd.weight").ne[1]
-        self.n_vocab = n_vocab
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", required=False)
         n_q = self.head_dim * self.n_head
         n_kv = self.head_dim * self.n_head_kv
         self.layers = [Layer(w, i, self.n_embd, n_q, n_kv, self.n_ff) for i in range(self.n_layer)]
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
-        n = self.head_dim * self.n_head_kv
-        return [LayerKV(n, n, device_of_layer(i)) for i in range(self.n_layer)]
+        return global_attention_layers(self, device_of_layer)
 
     def forward(self, g, inp):
         """-> logits [n_vocab, n_outputs]."""

@@ -84,10 +84,7 @@ class Llama4Model:
         self.kq_scale = hp.get("attention.scale", 0.0) or 1.0 / math.sqrt(self.head_dim)
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", (self.n_rot // 2,), required=False)
         self.layers = [Layer(w, i, self, moe_step > 0 and (i + 1) % moe_step == 0) for i in range(self.n_layer)]
 

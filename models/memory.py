@@ -43,6 +43,12 @@ class LayerRecurrent:
     device: object
 
 
+def global_attention_layers(model, device_of_layer) -> list[LayerKV]:
+    """Every layer of `model` attends globally with n_head_kv heads of head_dim."""
+    n = model.head_dim * model.n_head_kv
+    return [LayerKV(n, n, device_of_layer(il)) for il in range(model.n_layer)]
+
+
 class AttentionStep(Protocol):
     """One step's attention memory, as a model's forward pass uses it."""
 

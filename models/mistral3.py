@@ -14,7 +14,7 @@ import numpy as np
 
 from ggserve.native import ggml
 from ggserve.models.hparams import HParams
-from ggserve.models.memory import LayerKV
+from ggserve.models.memory import LayerKV, global_attention_layers
 from ggserve.models.registry import ModelError, register
 from ggserve.models.rope import RopeScaling
 from ggserve.models.weights import Weights
@@ -60,17 +60,13 @@ class Mistral3Model:
             raise ModelError(f"{path}: attention temperature scaling needs rope.scaling.original_context_length")
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", (self.n_rot // 2,), required=False)
         n_q, n_kv = self.head_dim * self.n_head, self.head_dim * self.n_head_kv
         self.layers = [Layer(w, i, self.n_embd, n_q, n_kv, self.n_ff) for i in range(self.n_layer)]
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
-        n = self.head_dim * self.n_head_kv
-        return [LayerKV(n, n, device_of_layer(i)) for i in range(self.n_layer)]
+        return global_attention_layers(self, device_of_layer)
 
     def step_values(self, positions: np.ndarray) -> dict[str, np.ndarray]:
         """Per-step graph inputs beside the tokens, from the batch's positions [n_pos, n_tokens]."""

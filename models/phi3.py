@@ -42,10 +42,7 @@ class Phi3Model:
         self.rope = RopeScaling.from_hparams(hp)
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         # llama.cpp: the long factors only when the per-sequence context exceeds the original one
         long = n_ctx_seq > self.rope.n_ctx_orig
         self.rope_factors = w.get(f"rope_factors_{'long' if long else 'short'}.weight", (self.n_rot // 2,),

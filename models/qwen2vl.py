@@ -11,7 +11,6 @@ which the random synthetic model turns into logprob differences of 0.1.
 """
 from __future__ import annotations
 
-from ggserve.native import ggml
 from ggserve.models.hparams import HParams
 from ggserve.models.llama import LlamaModel
 from ggserve.models.registry import register

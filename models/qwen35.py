@@ -86,10 +86,7 @@ class Qwen35Model:
         self.is_recurrent = [bool(r) for r in recurrent][: self.n_layer]
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         self.layers = [Layer(w, i, self) for i in range(self.n_layer)]
 
     def read_ffn_hparams(self, hp: HParams) -> None:

@@ -11,7 +11,7 @@ import math
 from ggserve.native import ggml
 from ggserve.models import moe
 from ggserve.models.hparams import HParams
-from ggserve.models.memory import LayerKV
+from ggserve.models.memory import LayerKV, global_attention_layers
 from ggserve.models.registry import ModelError, register
 from ggserve.models.rope import RopeScaling
 from ggserve.models.weights import Weights
@@ -48,15 +48,11 @@ class Qwen3MoeModel:
         self.kq_scale = 1.0 / math.sqrt(self.head_dim)
 
         w = Weights(tensors, path)
-        self.n_vocab = w.get("token_embd.weight").ne[1]
-        self.tok_embd = w.get("token_embd.weight", (self.n_embd, self.n_vocab))
-        self.output_norm = w.get("output_norm.weight", (self.n_embd,))
-        self.output = w.get("output.weight", (self.n_embd, self.n_vocab), required=False) or self.tok_embd
+        w.embeddings_and_output(self)
         self.layers = [Layer(w, i, self) for i in range(self.n_layer)]
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
-        n = self.head_dim * self.n_head_kv
-        return [LayerKV(n, n, device_of_layer(i)) for i in range(self.n_layer)]
+        return global_attention_layers(self, device_of_layer)
 
     def forward(self, g, inp):
         """-> logits [n_vocab, n_outputs]."""

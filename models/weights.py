@@ -24,6 +24,15 @@ class Weights:
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
+    def embeddings_and_output(self, model, tied_output: bool = True) -> None:
+        """Set model.n_vocab, tok_embd, output_norm and output; the output matrix is the
+        token embeddings when the file ties them (and tied_output allows it)."""
+        model.n_vocab = self.get("token_embd.weight").ne[1]
+        model.tok_embd = self.get("token_embd.weight", (model.n_embd, model.n_vocab))
+        model.output_norm = self.get("output_norm.weight", (model.n_embd,))
+        output = self.get("output.weight", (model.n_embd, model.n_vocab), required=not tied_output)
+        model.output = model.tok_embd if output is None else output
+
 
 # Weights that enter the models only as the matrix of a mul_mat: the ones ggml's
 # CPU backend may repack into its interleaved layouts (llama.cpp does, so must we

@@ -74,10 +74,10 @@ class GraphRunner:
             if self.parity.kinds else []
         values = {"pos": batch.positions.ravel(),
                   **kv.step_values(cells, batch.seq_ids, batch.positions[0], batch.span_ids, calls)}
-        for plan in plans:
-            values.update(plan.values())
         if hasattr(self.model, "step_values"):      # a model's own per-row inputs (llama4's temperature)
             values.update(self.model.step_values(batch.positions))
+        for plan in plans:
+            values.update(plan.values())
         if n_tok:
             values["tokens"] = batch.tokens[is_token].astype(np.int32)
         if not all_out:

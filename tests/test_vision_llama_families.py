@@ -8,9 +8,6 @@ stb_image decoded (images/decoded_stb). The default run checks one image per fam
 the two-image request; `-m slow` checks every image (2048x2048 included).
 Missing data is an error, never a skip.
 """
-import hashlib
-import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -19,49 +16,14 @@ from PIL import Image
 from engine_helpers import GREEDY, build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
 from ggserve.models.registry import ModelError
 from ggserve.server.engine import Engine, Request
+from synth_vision import CONFIGS, GOLDEN, LOGPROB_TOL, SYNTH, TWO, _cfg, _engine, _image, _mmproj, engines  # noqa: F401
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
-SYNTH = GOLDEN / "synth-vision"
-CONFIGS = json.loads((SYNTH / "out" / "multimodal.json").read_text())["configs"]
 FAMILIES = ["pixtral", "mistral3", "mlp_anyres", "minicpmv"]
 # minicpmv: layout and the first generated token's logprobs are llama.cpp's, later steps
 # move by up to 0.15 (open: see docs/media.md)
 NOT_EXACT = {"minicpmv"}
-TWO = "checker_300x200.png+tall_200x600.png"
 DEFAULT_IMAGE = {"pixtral": "grad_64x64.png", "mistral3": "gray_37x53.png", "mlp_anyres": "tall_200x600.png",
                  "minicpmv": "shapes_1024x512.jpg"}
-LOGPROB_TOL = 0.01
-
-
-def _cfg(family):
-    return CONFIGS[f"synth_{family}"]
-
-
-def _image(name):
-    """(sha256 of the file bytes, the pixels llama.cpp decoded)."""
-    data = (GOLDEN / "images" / name).read_bytes()
-    path = GOLDEN / "images" / "decoded_stb" / f"{name}.stb.png" if name.endswith(".jpg") else GOLDEN / "images" / name
-    img = Image.open(path)
-    img.load()
-    return hashlib.sha256(data).hexdigest(), img
-
-
-def _mmproj(family):
-    return str(SYNTH / "models" / _cfg(family)["mmproj"])
-
-
-def _engine(family, **kw):
-    args = dict(n_ctx=8192, n_batch=512, n_parallel=1, n_threads=2)
-    args.update(kw)
-    return Engine(str(SYNTH / "models" / _cfg(family)["text_model"]), mmproj=_mmproj(family), **args)
-
-
-@pytest.fixture(scope="module")
-def engines():
-    made = {}
-    yield lambda family: made.setdefault(family, _engine(family))
-    for e in made.values():
-        e.close()
 
 
 def _steps(case):

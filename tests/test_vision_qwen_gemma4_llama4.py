@@ -11,9 +11,6 @@ decoded. The default run checks one image per family and the two-image request;
 `-m slow` checks every image (2048x2048 included: about 5 minutes for qwen25vl).
 Missing data is an error, never a skip.
 """
-import hashlib
-import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -27,47 +24,12 @@ from ggserve.server.engine import Engine, Request
 from ggserve.server.kv_cache import KVCache
 from ggserve.models.memory import LayerKV
 from ggserve.server.prompts import PromptBuilder
+from synth_vision import CONFIGS, GOLDEN, LOGPROB_TOL, SYNTH, TWO, _cfg, _engine, _image, _mmproj, engines  # noqa: F401
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
-SYNTH = GOLDEN / "synth-vision"
-CONFIGS = json.loads((SYNTH / "out" / "multimodal.json").read_text())["configs"]
 FAMILIES = ["qwen25vl", "qwen3vl", "gemma4v", "llama4"]
 MROPE = ("qwen25vl", "qwen3vl")
-TWO = "checker_300x200.png+tall_200x600.png"
 DEFAULT_IMAGE = {"qwen25vl": "grad_64x64.png", "qwen3vl": "tall_200x600.png", "gemma4v": "gray_37x53.png",
                  "llama4": "tall_200x600.png"}
-LOGPROB_TOL = 0.01
-
-
-def _cfg(family):
-    return CONFIGS[f"synth_{family}"]
-
-
-def _image(name):
-    """(sha256 of the file bytes, the pixels llama.cpp decoded)."""
-    data = (GOLDEN / "images" / name).read_bytes()
-    path = GOLDEN / "images" / "decoded_stb" / f"{name}.stb.png" if name.endswith(".jpg") else GOLDEN / "images" / name
-    img = Image.open(path)
-    img.load()
-    return hashlib.sha256(data).hexdigest(), img
-
-
-def _mmproj(family):
-    return str(SYNTH / "models" / _cfg(family)["mmproj"])
-
-
-def _engine(family, **kw):
-    args = dict(n_ctx=8192, n_batch=512, n_parallel=1, n_threads=2)
-    args.update(kw)
-    return Engine(str(SYNTH / "models" / _cfg(family)["text_model"]), mmproj=_mmproj(family), **args)
-
-
-@pytest.fixture(scope="module")
-def engines():
-    made = {}
-    yield lambda family: made.setdefault(family, _engine(family))
-    for e in made.values():
-        e.close()
 
 
 def _golden(family, image):
