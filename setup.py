@@ -65,6 +65,6 @@ setup(
         "ggserve.server": "server",
     },
     # the chat page: plain files in server/webui/, a package of data only
-    package_data={"ggserve.native": ["*.pxd"], "ggserve.server.webui": ["*.html", "*.js", "*.css"]},
+    package_data={"ggserve.native": ["*.pxd", "*.pxi"], "ggserve.server.webui": ["*.html", "*.js", "*.css"]},
     ext_modules=_extensions(),
 )

@@ -1,0 +1,201 @@
+# Included by ggml.pyx: tensors, devices and buffers (one extension module).
+
+cdef class Tensor:
+    """A ggml tensor: a node of a graph under construction, a weight, or a buffer slice."""
+
+    cdef ggml_tensor * ptr
+    cdef object owner  # keeps the owning context alive
+
+    @staticmethod
+    cdef Tensor wrap(ggml_tensor * p, object owner):
+        if p == NULL:
+            raise GGMLError("ggml returned no tensor (context full?)")
+        cdef Tensor t = Tensor.__new__(Tensor)
+        t.ptr = p
+        t.owner = owner
+        return t
+
+    @property
+    def shape(self):
+        """ggml order: ne0 (contiguous) first, trailing 1s dropped except the first."""
+        n = ggml_n_dims(self.ptr)
+        return tuple(self.ptr.ne[i] for i in range(n))
+
+    @property
+    def ne(self):
+        return (self.ptr.ne[0], self.ptr.ne[1], self.ptr.ne[2], self.ptr.ne[3])
+
+    @property
+    def nb(self):
+        return (self.ptr.nb[0], self.ptr.nb[1], self.ptr.nb[2], self.ptr.nb[3])
+
+    @property
+    def type(self):
+        return <int>self.ptr.type
+
+    @property
+    def name(self):
+        return (<bytes>self.ptr.name).decode()
+
+    @property
+    def nbytes(self):
+        return ggml_nbytes(self.ptr)
+
+    def set_name(self, str name):
+        ggml_set_name(self.ptr, name.encode()[:63])
+        return self
+
+    def write(self, arr, size_t offset=0):
+        """Copy a numpy array's bytes into this (allocated) tensor at byte `offset`."""
+        cdef cnp.ndarray a = np.ascontiguousarray(arr)
+        cdef size_t n = a.nbytes
+        if offset + n > ggml_nbytes(self.ptr):
+            raise GGMLError(f"write of {n} bytes at {offset} overflows tensor {self.name} ({ggml_nbytes(self.ptr)} bytes)")
+        cdef const void * src = cnp.PyArray_DATA(a)
+        with nogil:
+            ggml_backend_tensor_set(self.ptr, src, offset, n)
+
+    def copy_from(self, Tensor src):
+        """Copy src's data into this tensor (same type and shape, both allocated), on
+        whichever devices they live: GPU to GPU stays on the device."""
+        if src.ptr.type != self.ptr.type or ggml_nbytes(src.ptr) != ggml_nbytes(self.ptr) \
+                or not ggml_is_contiguous(src.ptr) or not ggml_is_contiguous(self.ptr):
+            raise GGMLError(f"cannot copy {src!r} into {self!r}")
+        with nogil:
+            ggml_backend_tensor_copy(src.ptr, self.ptr)
+
+    def read_bytes(self) -> bytes:
+        """The tensor's raw bytes (any type, any device)."""
+        cdef size_t n = ggml_nbytes(self.ptr)
+        cdef bytearray out = bytearray(n)
+        cdef char * dst = out
+        with nogil:
+            ggml_backend_tensor_get(self.ptr, dst, 0, n)
+        return bytes(out)
+
+    def read(self, dtype=None):
+        """The tensor's contents as a numpy array shaped [ne3, ne2, ne1, ne0] (dropping 1s)."""
+        if dtype is None:
+            dtype = _NP_DTYPE.get(self.ptr.type)
+            if dtype is None:
+                raise GGMLError(f"cannot read tensor of type {type_name(self.ptr.type)} into numpy")
+        cdef cnp.ndarray out = np.empty(ggml_nbytes(self.ptr) // np.dtype(dtype).itemsize, dtype=dtype)
+        cdef void * dst = cnp.PyArray_DATA(out)
+        cdef size_t n = ggml_nbytes(self.ptr)
+        with nogil:
+            ggml_backend_tensor_get(self.ptr, dst, 0, n)
+        shape = [d for d in reversed(self.ne)]
+        while len(shape) > 1 and shape[0] == 1:
+            shape.pop(0)
+        return out.reshape(shape)
+
+    def __repr__(self):
+        return f"Tensor({self.name!r}, {type_name(self.ptr.type)}, ne={self.ne})"
+
+
+cdef class Device:
+    """One ggml backend device (CPU, a CUDA GPU, ...) and its backend instance."""
+
+    cdef ggml_backend_dev_t dev
+    cdef ggml_backend_t backend
+    cdef readonly str name
+    cdef readonly str description
+    cdef readonly bint is_cpu
+
+    def memory(self):
+        """(free, total) bytes as the device reports them."""
+        cdef size_t free = 0, total = 0
+        ggml_backend_dev_memory(self.dev, &free, &total)
+        return free, total
+
+    def __repr__(self):
+        return f"Device({self.name!r}, {self.description!r})"
+
+
+def list_devices():
+    """Names and descriptions of the devices the linked ggml offers."""
+    cdef size_t i
+    cdef ggml_backend_dev_t d
+    out = []
+    for i in range(ggml_backend_dev_count()):
+        d = ggml_backend_dev_get(i)
+        out.append({
+            "name": (<bytes>ggml_backend_dev_name(d)).decode(),
+            "description": (<bytes>ggml_backend_dev_description(d)).decode(),
+            "type": {GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
+                     GGML_BACKEND_DEVICE_TYPE_IGPU: "igpu"}.get(ggml_backend_dev_type(d), "accel"),
+        })
+    return out
+
+
+cdef class Buffer:
+    """Tensors allocated together in one backend buffer (weights, KV cache, embeddings)."""
+
+    cdef ggml_context * ctx
+    cdef ggml_backend_buffer_t buf
+    cdef readonly dict tensors
+    cdef readonly object device
+    cdef object keepalive  # the mmap behind a zero-copy CPU buffer
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef _free(self):
+        if self.buf != NULL:
+            ggml_backend_buffer_free(self.buf)
+            self.buf = NULL
+        if self.ctx != NULL:
+            ggml_free(self.ctx)
+            self.ctx = NULL
+
+    def close(self):
+        self._free()
+        self.tensors = {}
+        self.keepalive = None
+
+    @property
+    def nbytes(self):
+        return ggml_backend_buffer_get_size(self.buf) if self.buf != NULL else 0
+
+    def clear(self, int value=0):
+        if self.buf != NULL:
+            ggml_backend_buffer_clear(self.buf, value)
+
+    def __getitem__(self, name):
+        return self.tensors[name]
+
+    def __contains__(self, name):
+        return name in self.tensors
+
+
+cdef ggml_context * _new_meta_context(size_t n_tensors) except NULL:
+    cdef ggml_init_params p
+    p.mem_size = ggml_tensor_overhead() * (n_tensors + 1)
+    p.mem_buffer = NULL
+    p.no_alloc = True
+    cdef ggml_context * ctx = ggml_init(p)
+    if ctx == NULL:
+        raise MemoryError("ggml_init failed")
+    return ctx
+
+
+cdef ggml_tensor * _new_tensor(ggml_context * ctx, int type_, tuple ne) except NULL:
+    cdef int64_t cne[4]
+    cdef int i
+    for i in range(4):
+        cne[i] = ne[i] if i < len(ne) else 1
+    return ggml_new_tensor(ctx, <ggml_type>type_, max(1, len(ne)), cne)
+
+
+cdef Buffer _declare_weights(Device dev, list infos):
+    """A Buffer whose context declares the GGUF tensors `infos` (no memory yet)."""
+    cdef Buffer b = Buffer.__new__(Buffer)
+    b.ctx = _new_meta_context(len(infos))
+    b.device = dev
+    b.tensors = {}
+    cdef ggml_tensor * p
+    for info in infos:
+        p = _new_tensor(b.ctx, info.ggml_type, info.ne)
+        ggml_set_name(p, info.name.encode()[:63])
+        b.tensors[info.name] = Tensor.wrap(p, b)
+    return b
