@@ -32,6 +32,22 @@ def tokenize() -> dict:
     return _json("synth_tokenize.json")
 
 
+def case(arch: str, key: str) -> dict:
+    """The golden completion `key` of `arch`."""
+    return next(c for c in completions()["models"][arch] if c["key"] == key)
+
+
+def engine(arch: str, **kw):
+    """An engine on `arch`'s synth model, set up as llama-server ran it (prompts over
+    512 tokens cut into 512-row ubatches), on 2 threads."""
+    from ggserve.server.engine import Engine
+
+    kw.setdefault("n_ctx", 4096)
+    kw.setdefault("n_batch", 512)
+    kw.setdefault("n_parallel", 1)
+    return Engine(model_path(arch), n_threads=2, **kw)
+
+
 def model_path(arch: str) -> str:
     """The GGUF llama.cpp ran for `arch` (by general.architecture, e.g. "qwen3")."""
     files = [p for p in (SYNTH / "models").glob(f"synth-{arch}-*.gguf")]

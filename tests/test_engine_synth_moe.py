@@ -18,7 +18,7 @@ from ggserve.server.engine import Engine
 from ggserve.server.kv_cache import KVCache
 from ggserve.server.loader import LoadedModel
 from engine_helpers import generate, max_logprob_deviation, tokens
-from synth_golden import chat, completions, model_path, steps
+from synth_golden import chat, completions, engine, model_path, steps
 
 ARCHS = ("qwen3moe", "gpt-oss", "llama4")
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
@@ -27,24 +27,12 @@ GOLDEN = completions()["models"]
 CHATS = chat()["models"]
 CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in GOLDEN[arch]]
 CHAT_CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in CHATS[arch]]
-FOUR = ("capital", "story", "code_fib", "qa_math")
-
-
-def _case(arch: str, key: str) -> dict:
-    return next(c for c in GOLDEN[arch] if c["key"] == key)
-
-
-def _engine(arch: str, **kw) -> Engine:
-    kw.setdefault("n_ctx", 4096)
-    kw.setdefault("n_batch", 512)       # llama-server's ubatch: prompts > 512 tokens are cut the same way
-    kw.setdefault("n_parallel", 1)
-    return Engine(model_path(arch), n_threads=2, **kw)
 
 
 @pytest.fixture(scope="module")
 def engines():
     made = {}
-    yield lambda arch: made.setdefault(arch, _engine(arch))
+    yield lambda arch: made.setdefault(arch, engine(arch))
     for e in made.values():
         e.close()
 
@@ -128,41 +116,6 @@ def test_chat_answer_equals_llama_cpp(engines, arch, case):
     gold_steps = steps(gold)
     _assert_greedy_equal(tokens(events), gold["generated_ids"], gold_steps)
     assert max_logprob_deviation(events, gold_steps) <= LOGPROB_TOL
-
-
-# llama.cpp ran each golden prompt alone, so "equal to each alone" is "equal to the golden"
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_four_prompts_in_one_batch_equal_each_alone(arch):
-    e = _engine(arch, n_parallel=4)
-    together = generate(e, {k: _case(arch, k)["prompt_ids"] for k in FOUR}, 24)
-    e.close()
-    assert {k: tokens(v) for k, v in together.items()} == {k: _case(arch, k)["generated_ids"][:24] for k in FOUR}
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_prompt_in_chunks_equals_whole(arch):
-    case = _case(arch, "long_prose")         # ~610 tokens, in chunks of 97
-    e = _engine(arch, n_batch=97)
-    chunked = generate(e, {"r": case["prompt_ids"]}, 24)["r"]
-    e.close()
-    assert tokens(chunked) == case["generated_ids"][:24]
-    assert max_logprob_deviation(chunked, steps(case)) <= LOGPROB_TOL
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_reusing_a_cached_prefix_gives_the_same_tokens(arch):
-    prefix = _case(arch, "long_prose")["prompt_ids"][:200]
-    question = _case(arch, "capital")["prompt_ids"]
-    e = _engine(arch)
-    fresh = tokens(generate(e, {"q": prefix + question}, 24)["q"])
-    e.close()
-    e = _engine(arch, n_parallel=2)
-    generate(e, {"warm": prefix + _case(arch, "story")["prompt_ids"]}, 4)
-    events = generate(e, {"q": prefix + question}, 24)["q"]      # reuses the warm prompt's prefix
-    e.close()
-    assert events[0].n_cached >= 190
-    assert tokens(events) == fresh
 
 
 def test_mxfp4_experts_are_repacked_as_llama_cpp_repacks_them():
