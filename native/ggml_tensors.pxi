@@ -64,13 +64,17 @@ cdef class Tensor:
         with nogil:
             ggml_backend_tensor_copy(src.ptr, self.ptr)
 
-    def read_bytes(self) -> bytes:
-        """The tensor's raw bytes (any type, any device)."""
-        cdef size_t n = ggml_nbytes(self.ptr)
+    def read_bytes(self, size_t offset=0, n_bytes=None) -> bytes:
+        """The tensor's raw bytes (any type, any device): all of them, or n_bytes
+        from byte `offset`."""
+        cdef size_t total = ggml_nbytes(self.ptr)
+        cdef size_t n = total - offset if n_bytes is None else n_bytes
+        if offset > total or n > total - offset:
+            raise GGMLError(f"read of {n} bytes at {offset} overflows tensor {self.name} ({total} bytes)")
         cdef bytearray out = bytearray(n)
         cdef char * dst = out
         with nogil:
-            ggml_backend_tensor_get(self.ptr, dst, 0, n)
+            ggml_backend_tensor_get(self.ptr, dst, offset, n)
         return bytes(out)
 
     def read(self, dtype=None):
