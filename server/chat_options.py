@@ -17,6 +17,7 @@ class ChatOptions:
     tools: list | None                 # passed to the template (None: tool_choice none)
     template_kwargs: dict = field(default_factory=dict)
     fmt: co.Format | None = None       # tool-call syntax, when tools are on
+    syntax: co.Format | None = None    # the template's output syntax (think tags), tools or not
     reasoning: bool = True
     parallel: bool = True
     grammar_kind: str | None = None    # json_schema | gbnf | lark
@@ -42,7 +43,7 @@ class ChatOptions:
 
     def output(self, prompt_text: str):
         """Factory of each choice's ChatOutput, given the rendered prompt."""
-        fmt = self.fmt or co.Format()
+        fmt = self.syntax or co.Format()
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
         return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning,
                                  tools=self.fmt is not None, open_think=open_think)
@@ -97,8 +98,9 @@ def chat_options(req, cfg, template_source: str) -> ChatOptions:
     # a named tool_choice forces exactly one call
     opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
                        parallel=req.parallel_tool_calls and not isinstance(choice, dict))
+    opts.syntax = co.detect(template_source)(tools)
     if tools:
-        opts.fmt = co.detect(template_source)(tools)
+        opts.fmt = opts.syntax
 
     asked = []
     rf = req.response_format

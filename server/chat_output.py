@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 
 from .json_scan import Malformed, skip_ws
 from .tool_formats import DeepSeekR1, Generic, Hermes, KimiK2, Llama3, MistralNemo, _NameArgs, detect  # noqa: F401
+from .tool_formats_gemma4 import Gemma4
+from .tool_formats_xml import Glm45, Qwen3Coder
 from .tool_formats_xml import Harmony
 from .tool_syntax import _ID_CHARS, Format, Parsed, held
 
 # the formats are chosen and named through this module (grammar.py, chat_options.py)
-__all__ = ["ChatOutput", "DeepSeekR1", "Format", "Generic", "Harmony", "Hermes", "KimiK2", "Llama3",
-           "MistralNemo", "Parsed", "ShowingDecoder", "detect", "new_call_id", "object_arguments", "parse",
+__all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "KimiK2", "Llama3",
+           "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "detect", "new_call_id", "object_arguments", "parse",
            "shown_tokens", "split_reasoning", "template_arguments"]
 
 
@@ -61,12 +63,12 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
         return fmt.parse(text, partial, reasoning, tools)
     r, rest = split_reasoning(text, fmt.think, partial, open_think) if reasoning else ("", text)
     if not tools:
-        return Parsed(r, rest)
+        return Parsed(r, rest.lstrip() if fmt.lstrip_content else rest)
     try:
         content, calls = fmt.split_calls(rest, partial)
     except Malformed:
         return Parsed(r, "" if partial else rest)
-    if rest is text:
+    if rest is text or fmt.lstrip_content:
         content = content.lstrip()  # as llama-server: no leading whitespace
     return Parsed(r, content, calls)
 
@@ -192,9 +194,9 @@ class ShowingDecoder:
         return self._utf8.decode(b"", final=True)
 
 
-def shown_tokens(tokenizer, fmt: Format) -> frozenset[int]:
+def shown_tokens(tokenizer, fmt: Format, tools: bool = True) -> frozenset[int]:
     """Ids of the control tokens among the format's markers and think tags."""
     if not hasattr(tokenizer, "token_to_id"):
         return frozenset()
-    ids = (tokenizer.token_to_id(t) for t in fmt.preserved())
+    ids = (tokenizer.token_to_id(t) for t in fmt.preserved(tools))
     return frozenset(i for i in ids if i is not None and tokenizer.is_special(i))

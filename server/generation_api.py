@@ -96,11 +96,11 @@ async def chat(api: API, request: Request) -> Response:
     params = api.sampling(req, n_probs, req.n)
     for p in params:
         p.grammar = grammar
-    fmt = opts.fmt or Format()
+    fmt = opts.syntax or Format()
     job = await api.service.submit([prompt] * req.n, params, req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop,
                                     output=opts.output(prompt.text),
-                                    show_tokens=shown_tokens(api.engine.tokenizer, fmt))
+                                    show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
     k = req.top_logprobs or 0
     rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
 

@@ -7,6 +7,7 @@ import re
 
 from .json_scan import Malformed, minify, skip_ws, value_end
 from .tool_syntax import Call, Format, _Incomplete, _dumps, _expect, json_call
+from .tool_formats_gemma4 import Gemma4
 from .tool_formats_xml import Glm45, Harmony, Qwen3Coder
 
 
@@ -111,6 +112,14 @@ class MistralArgs(_NameArgs):
     def call_name(self, raw):
         name, _, cid = raw.partition("[CALL_ID]")
         return name.strip(), (cid.strip() or None)
+
+
+class Ministral3(MistralArgs):
+    """Ministral 3 / Mistral Large 3 (no [CALL_ID]): llama-server's parser for them
+    skips the whitespace that opens the answer, with or without tools."""
+
+    name = "ministral3"
+    lstrip_content = True
 
 
 class MistralNemo(Format):
@@ -250,6 +259,8 @@ def detect(source: str) -> type[Format]:
     s = source or ""
     if "<|channel|>" in s:
         return Harmony
+    if "'<|tool_call>call:'" in s:
+        return Gemma4
     if "<|tool_calls_section_begin|>" in s:
         return KimiK2
     if "<｜tool▁calls▁begin｜>" in s:
@@ -261,7 +272,9 @@ def detect(source: str) -> type[Format]:
     if "<tool_call>" in s:
         return Hermes
     if "[TOOL_CALLS]" in s:
-        return MistralArgs if "[ARGS]" in s else MistralNemo
+        if "[ARGS]" not in s:
+            return MistralNemo
+        return Ministral3 if "[SYSTEM_PROMPT]" in s and "[CALL_ID]" not in s else MistralArgs
     if "<|start_header_id|>" in s and ("ipython" in s or "python_tag" in s):
         return Llama3
     if "tools" in s:

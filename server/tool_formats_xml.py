@@ -134,6 +134,7 @@ class Harmony(Format):
     name = "gpt_oss"
     think = ("", "")
     markers = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
+    always_shown = markers             # llama-server reads the channels with or without tools
     _to = re.compile(r"to=functions\.([^\s<]+)")
 
     def parse(self, text: str, partial: bool, reasoning: bool, tools: bool) -> Parsed:

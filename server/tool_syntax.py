@@ -110,6 +110,7 @@ class Format:
     think = ("<think>", "</think>")
     markers: tuple[str, ...] = ()      # token texts the output must show (preserved tokens)
     starts: tuple[str, ...] = ()       # what begins the tool calls
+    lstrip_content = False             # the answer's leading whitespace is dropped even without tools
 
     def __init__(self, tools: list | None = None):
         self.schemas = {}
@@ -118,8 +119,10 @@ class Format:
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 self.schemas[fn["name"]] = fn.get("parameters") or {}
 
-    def preserved(self) -> tuple[str, ...]:
-        return self.markers + tuple(t for t in self.think if t)
+    always_shown: tuple[str, ...] = ()  # markers llama-server shows even without tools
+
+    def preserved(self, tools: bool = True) -> tuple[str, ...]:
+        return (self.markers if tools else self.always_shown) + tuple(t for t in self.think if t)
 
     def param_schema(self, fn: str, param: str) -> dict | None:
         props = self.schemas.get(fn, {}).get("properties")

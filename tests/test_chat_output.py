@@ -67,6 +67,20 @@ def harmony(name, args):
             f"{json.dumps(args, ensure_ascii=False)}<|call|>")
 
 
+def gemma4_value(v):
+    if isinstance(v, str):
+        return f'<|"|>{v}<|"|>'
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{gemma4_value(x)}" for k, x in sorted(v.items())) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(gemma4_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def gemma4(name, args):
+    return f"<|tool_call>call:{name}{gemma4_value(args)}<tool_call|>"
+
+
 FAMILIES = {
     "hermes": ("Qwen-Qwen2.5-7B-Instruct", hermes, "\n", "{}"),
     "qwen3": ("Qwen-Qwen3-0.6B", hermes, "\n", "{}"),
@@ -78,6 +92,7 @@ FAMILIES = {
                       "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"),
     "kimi_k2": ("moonshotai-Kimi-K2", kimi, "",
                 "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"),
+    "gemma4": ("google-gemma-4-31B-it", gemma4, "", "{}"),
 }
 
 
@@ -88,6 +103,7 @@ FAMILIES = {
     ("mistralai-Mistral-Nemo-Instruct-2407", "mistral_nemo"), ("openai-gpt-oss-120b", "gpt_oss"),
     ("deepseek-ai-DeepSeek-V3.1", "deepseek_v3_1"), ("moonshotai-Kimi-K2", "kimi_k2"),
     ("GLM-4.6", "glm"), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek_r1"),
+    ("google-gemma-4-31B-it", "gemma4"),
 ])
 def test_format_is_detected_from_the_template(template, name):
     assert fmt_of(template).name == name
@@ -159,6 +175,20 @@ def test_prompt_that_opened_the_think_block():
     assert (p.reasoning, p.content) == ("Short thought.", "The answer is 4.")
 
 
+def test_gemma4_thought_channel_is_reasoning():
+    p = co.parse("<|channel>thought\nThe user wants weather.<channel|>" + gemma4("get_weather", {"city": "Paris"}),
+                 fmt_of("google-gemma-4-31B-it"))
+    assert (p.reasoning, p.content) == ("The user wants weather.", "")
+    assert parsed_calls(p) == [call("get_weather", {"city": "Paris"})]
+
+
+def test_gemma4_string_keeps_json_specials_and_numbers_stay_numbers():
+    p = co.parse(gemma4("get_weather", {"city": 'say "hi"\n{x:1}', "days": 3, "opts": {"on": True, "no": None}}),
+                 fmt_of("google-gemma-4-31B-it"))
+    assert [json.loads(a) for _, a in parsed_calls(p)] == [
+        {"city": 'say "hi"\n{x:1}', "days": 3, "opts": {"no": None, "on": True}}]
+
+
 def test_reasoning_format_none_keeps_think_in_content():
     text = "<think>hm</think>Hi"
     assert co.parse(text, fmt_of("Qwen-Qwen3-0.6B"), reasoning=False) == co.Parsed("", text)
@@ -206,6 +236,8 @@ SPLIT_CASES = {
                  + "<｜tool▁calls▁end｜>"),
     "kimi": ("moonshotai-Kimi-K2", "<|tool_calls_section_begin|>" + kimi("get_weather", NESTED)
              + kimi("get_time", {"city": "Oslo"}, 1) + "<|tool_calls_section_end|>"),
+    "gemma4": ("google-gemma-4-31B-it", "<|channel>thought\nWeather.<channel|>Sure." + gemma4("get_weather", NESTED)
+               + gemma4("get_time", {"city": "Oslo", "days": -2.5e3})),
     "harmony": ("openai-gpt-oss-120b", "<|channel|>analysis<|message|>Think.<|end|>"
                 + harmony("get_weather", NESTED).removesuffix("<|call|>")),
 }

@@ -43,12 +43,7 @@ def test_served_tokens_and_logprobs_equal_llama_server(arch):
     assert worst <= LOGPROB_TOL
 
 
-@pytest.mark.parametrize("arch", [
-    *ARCHS[:2],
-    pytest.param("mistral3", marks=pytest.mark.xfail(
-        strict=True, reason="llama-server's Ministral 3 output parser drops the answer's leading space "
-                            "(' jointly' -> 'jointly'); server/chat_output.py keeps it")),
-    "gemma4"])
+@pytest.mark.parametrize("arch", [*ARCHS[:2], "mistral3", "gemma4"])
 def test_served_message_equals_llama_servers_parsed_message(arch):
     message = _answer(arch)["choices"][0]["message"]
     assert message["content"] == _golden(arch)["message"]["content"]
