@@ -83,8 +83,9 @@ async def apply_template(api: API, request: Request) -> Response:
     return JSONResponse({"prompt": prompt.text})
 
 
-async def chat(api: API, request: Request) -> Response:
-    req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
+async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
+    """A chat request -> its queued Job: the one generation path that
+    /v1/chat/completions, /v1/responses and /v1/messages share."""
     api.check_fields(req)
     api.check_n(req.n)
     if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
@@ -97,10 +98,15 @@ async def chat(api: API, request: Request) -> Response:
     for p in params:
         p.grammar = grammar
     fmt = opts.syntax or Format()
-    job = await api.service.submit([prompt] * req.n, params, req.limit,
+    return await api.service.submit([prompt] * req.n, params, req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop,
                                     output=opts.output(prompt.text),
                                     show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
+
+
+async def chat(api: API, request: Request) -> Response:
+    req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
+    job = await submit_chat(api, req)
     k = req.top_logprobs or 0
     rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
 
@@ -260,15 +266,15 @@ def frame(obj) -> str:
     return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
-def sse(job: Job, events) -> StreamingResponse:
-    """Frame events as SSE; `data: [DONE]` last. The job is cancelled whenever the
+def sse(job: Job, events, framer=frame, end: str = "data: [DONE]\n\n") -> StreamingResponse:
+    """Frame events as SSE; `end` last. The job is cancelled whenever the
     stream ends early (client disconnect cancels this generator)."""
 
     async def body():
         try:
             async for obj in events:
-                yield frame(obj)
-            yield "data: [DONE]\n\n"
+                yield framer(obj)
+            yield end
         except asyncio.CancelledError:
             raise
         except Exception as e:
