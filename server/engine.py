@@ -24,6 +24,7 @@ from ggserve.native import ggml
 from ggserve.server.batch import assemble
 from ggserve.server.graph_runner import GraphRunner
 from ggserve.server.image_encoder import BACKGROUND_THREADS, ImageEncoder
+from ggserve.server.host_cache import HostCache
 from ggserve.server.image_store import ImageStore
 from ggserve.server.kernel_parity import KernelParity
 from ggserve.server.kv_cache import MAX_SEQS
@@ -45,7 +46,8 @@ class Engine:
                  n_parallel: int = 4, n_threads: int = 0, n_gpu_layers: int = 0,
                  cache_type_k: str = "f16", cache_type_v: str = "f16",
                  chat_template: str | None = None, mmproj: str | None = None,
-                 image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True):
+                 image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
+                 slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192):
         t0 = time.perf_counter()
         if not 1 <= n_parallel <= MAX_SEQS:
             raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
@@ -71,7 +73,8 @@ class Engine:
         self.encoder = ImageEncoder(self.vision, lm.device_of_layer(0), self.n_threads) if self.vision else None
         self.images = ImageStore(image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch, max_stall_ms / 1000)
-        self.slots = PrefixCache(n_parallel, self.memory)
+        self.slots = PrefixCache(n_parallel, self.memory, slot_prompt_similarity,
+                                 HostCache(cache_ram_mb * 2**20 if cache_ram_mb > 0 else 2**62) if cache_ram_mb else None)
         self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos)
         self.runner.reserve(n_batch, n_parallel)
         if self.vision is not None:
