@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from . import chat_output as co
 from .errors import invalid
-from .grammar import GrammarError, Grammars, tool_call_lark
+from .grammar import GrammarError, Grammars
+from .tool_grammar import tool_call_lark
 
 
 @dataclass
@@ -158,7 +159,7 @@ def compile_grammar(grammars: Grammars, opts: ChatOptions):
         if opts.grammar_kind == "tools":
             lark = tool_call_lark(grammars, opts.fmt, opts.grammar_text, opts.parallel)
             if lark is None:
-                return None          # XML-style formats: parsed, not forced
+                return None          # a syntax the grammar cannot write: parsed, not forced
             return grammars.compile("lark", lark)
         return grammars.compile(opts.grammar_kind, opts.grammar_text)
     except GrammarError as e:

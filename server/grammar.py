@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import chat_output as co
 
 # One worker computes next-step masks beside the forward pass (llguidance drops the GIL).
 _POOL = ThreadPoolExecutor(1, thread_name_prefix="ggserve-grammar")
@@ -125,85 +124,3 @@ class Constraint:
     @property
     def error(self) -> str:
         return self._m.get_error()
-
-
-# -- tool calls forced by tool_choice -----------------------------------------------
-
-def closed(schema):
-    """A tool's parameter schema with objects closed to properties it does not name
-    (additionalProperties false where unset), so a forced call has only the tool's
-    arguments, as OpenAI's strict function calling."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: closed(v) for k, v in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema:
-        out["additionalProperties"] = False
-    return out
-
-
-def _call_schema(fmt: co.Format, name: str, params: dict, args_key: str = "arguments") -> dict:
-    return {"type": "object", "properties": {"name": {"const": name}, args_key: closed(params) or {"type": "object"}},
-            "required": ["name", args_key]}
-
-
-def _json(schema) -> str:
-    return "%json " + json.dumps(schema)
-
-
-def tool_call_lark(grammars: Grammars, fmt: co.Format, names: list[str], parallel: bool) -> str | None:
-    """A Lark grammar that makes the model write tool calls (only) in the template's
-    syntax; None for a format written as XML-style parameters (not forced)."""
-    lit = grammars.literal
-    schemas = fmt.schemas
-    rules = []
-    if isinstance(fmt, co.Hermes):
-        anyof = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
-        rules.append(f"call: {lit('<tool_call>')} \"\\n\" {_json(anyof)} \"\\n\" {lit('</tool_call>')}")
-        sep = '"\\n"'
-    elif isinstance(fmt, co.Llama3):
-        anyof = {"anyOf": [_call_schema(fmt, n, schemas[n], "parameters") for n in names]}
-        rules.append(f"call: {_json(anyof)}")
-        sep = '";"'
-    elif isinstance(fmt, co.MistralNemo):
-        item = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
-        arr = {"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-        return f"start: {lit('[TOOL_CALLS]')} {_json(arr)}"
-    elif isinstance(fmt, co.Generic):
-        one = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
-        if parallel:
-            top = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": one, "minItems": 1}},
-                   "required": ["tool_calls"]}
-        else:
-            top = {"type": "object", "properties": {"tool_call": one}, "required": ["tool_call"]}
-        return f"start: {_json(top)}"
-    elif isinstance(fmt, co._NameArgs):
-        alts = []
-        for n in names:
-            if isinstance(fmt, co.KimiK2):
-                head = f"{lit(fmt.call_open)} \"functions.{n}:\" /[0-9]{{1,4}}/ {lit(fmt.name_end)}"
-            elif isinstance(fmt, co.DeepSeekR1):
-                head = (f"{lit('<｜tool▁call▁begin｜>')} \"function\" {lit('<｜tool▁sep｜>')} "
-                        f"\"{n}\\n```json\\n\"")
-            else:
-                head = f"{lit(fmt.call_open)} {json.dumps(n)} {lit(fmt.name_end)}"
-            tail = ""
-            if isinstance(fmt, co.DeepSeekR1):
-                tail = f" \"\\n```\" {lit('<｜tool▁call▁end｜>')}"
-            elif fmt.call_close:
-                tail = f" {lit(fmt.call_close)}"
-            alts.append(f"{head} {_json(closed(schemas[n]) or {'type': 'object'})}{tail}")
-        rules.append("call: " + " | ".join(f"({a})" for a in alts))
-        sep = ""
-        if fmt.block_open:
-            body = "call+" if parallel else "call"
-            return "\n".join([f"start: {lit(fmt.block_open)} {body} {lit(fmt.block_close)}"] + rules)
-    elif isinstance(fmt, co.Harmony):
-        alts = [f"{lit('<|channel|>')} \"commentary to=functions.{n} \" {lit('<|constrain|>')} \"json\" "
-                f"{lit('<|message|>')} {_json(closed(schemas[n]) or {'type': 'object'})}" for n in names]
-        return "start: " + " | ".join(f"({a})" for a in alts)
-    else:
-        return None
-    body = f"call ({sep} call)*" if parallel else "call"
-    return "\n".join([f"start: {body}"] + rules)

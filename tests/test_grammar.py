@@ -10,7 +10,8 @@ import pytest
 
 from ggserve.models.tokenizer.tokenizer import Tokenizer
 from ggserve.server import chat_output as co
-from ggserve.server.grammar import GrammarError, Grammars, tool_call_lark
+from ggserve.server.grammar import GrammarError, Grammars
+from ggserve.server.tool_grammar import tool_call_lark
 from ggserve.server.sampling import SamplingParams, SequenceSampler, sample_batch
 
 SYNTH = "/work/shared/golden/synth/models"
@@ -110,3 +111,48 @@ def test_mask_applies_to_the_grammar_row_only(smollm2):
     # after "no" only the end of generation is allowed
     assert not bound.constraint.banned()[tok.eos_id]
     assert yes != no
+
+
+def _accepts(tok, grammar, text: str) -> bool:
+    """Whether the grammar lets a model write exactly `text` (control tokens as
+    themselves) and then stop."""
+    c = grammar.matcher()
+    for t in tok.encode(text, add_special=False, parse_special=True):
+        if c.banned()[t]:
+            return False
+        c.accept(t)
+    return any(not c.banned()[i] for i in tok.eog_ids if i < tok.n_vocab)
+
+
+# a call to get_weather(city="Paris, 東京") as each template's model writes it
+NAMED_PARAM_CALLS = {
+    "Qwen3-Coder": (None, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, 東京\n</parameter>\n"
+                          "</function>\n</tool_call>"),
+    "GLM-4.6": (None, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris, 東京</arg_value>\n"
+                      "</tool_call>"),
+    "google-gemma-4-31B-it": ("synth-gemma4-q8_0.gguf", '<|tool_call>call:get_weather{city:<|"|>Paris, 東京<|"|>}'
+                                                        "<tool_call|>"),
+}
+
+
+@pytest.mark.parametrize("template", NAMED_PARAM_CALLS)
+def test_forced_call_with_named_parameters_takes_the_templates_own_call(smollm2, template):
+    model, text = NAMED_PARAM_CALLS[template]
+    if model is None:
+        tok, g = smollm2
+    else:
+        path = os.path.join(SYNTH, model)
+        if not os.path.exists(path):
+            pytest.skip("synthetic models not here")
+        tok = Tokenizer.from_gguf(path)
+        g = Grammars(tok)
+    with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
+        fmt = co.detect(f.read())(TOOLS)
+    weather = g.compile("lark", tool_call_lark(g, fmt, ["get_weather"], parallel=False))
+    assert _accepts(tok, weather, text)
+    assert [(c.name, json.loads(c.args)) for c in co.parse(text, fmt).calls] == [("get_weather", {"city": "Paris, 東京"})]
+    # another tool, or the call with its required parameter left out, is not allowed
+    only_add = g.compile("lark", tool_call_lark(g, fmt, ["add"], parallel=False))
+    assert not _accepts(tok, only_add, text)
+    no_city = text.replace("city", "town")
+    assert not _accepts(tok, weather, no_city)
