@@ -1,6 +1,7 @@
 """The HTTP API: a Starlette app serving OpenAI's endpoints on top of Service.
 
 Routes: /v1/chat/completions, /v1/completions (server/generation_api.py),
+/v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
 /v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), and the
 same without /v1 where llama-server has them, /props and the chat page at /
 (server/chat_page.py).
@@ -21,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import chat_page
+from . import anthropic_api, chat_page, responses_api
 from .api import API
 from .errors import exception_handlers, to_api_error
 from .generation_api import apply_template, chat, completions
@@ -95,13 +96,15 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
                       **({"make_prompts": make_prompts} if make_prompts else {}))
     api = API(cfg, service, metrics)
 
-    def route(path, fn, methods, name):
+    def route(path, fn, methods, name, errors=None):
+        """errors: APIError -> Response, for APIs with their own error shape (Anthropic's)."""
         async def endpoint(request: Request) -> Response:
             try:
                 api.check_auth(request)
                 response = await fn(request)
             except Exception as e:
-                response = to_api_error(e).response()
+                err = to_api_error(e)
+                response = errors(err) if errors else err.response()
             metrics.requests.labels(name, str(response.status_code)).inc()
             return response
         return Route(path, endpoint, methods=methods, name=f"{name}:{path}")
@@ -118,6 +121,8 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
     ]:
         routes += [route(p, fn, methods, name) for p in paths]
+    routes += responses_api.routes(api, route)       # /v1/responses
+    routes += anthropic_api.routes(api, route)       # /v1/messages
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
 
     @contextlib.asynccontextmanager

@@ -266,6 +266,11 @@ def frame(obj) -> str:
     return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
+def named_frame(obj) -> str:
+    """An SSE event named by the object's `type` (the Responses and Anthropic streams)."""
+    return f"event: {obj['type']}\n" + frame(obj)
+
+
 def sse(job: Job, events, framer=frame, end: str = "data: [DONE]\n\n") -> StreamingResponse:
     """Frame events as SSE; `end` last. The job is cancelled whenever the
     stream ends early (client disconnect cancels this generator)."""
