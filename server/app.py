@@ -2,7 +2,8 @@
 
 Routes: /v1/chat/completions, /v1/completions (server/generation_api.py),
 /v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
-/v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), and the
+/v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), /slots
+(server/slots_api.py), and the
 same without /v1 where llama-server has them, /props and the chat page at /
 (server/chat_page.py).
 """
@@ -29,6 +30,7 @@ from .generation_api import apply_template, chat, completions
 from .media import MediaConfig
 from .metrics import Metrics
 from .service import Service
+from .slots_api import SlotsAPI
 
 log = logging.getLogger("ggserve.server")
 
@@ -50,6 +52,10 @@ class ServerConfig:
     image_cache_mb: int = 256
     max_stall_ms: float = 0.0
     kernel_parity: bool = True
+    slot_prompt_similarity: float = 0.1       # --slot-prompt-similarity
+    cache_ram_mb: int = 8192                  # --cache-ram: host-RAM prompt cache (0: off, -1: no limit)
+    slots_endpoint: bool = True               # GET /slots (--no-slots)
+    slot_save_path: str | None = None         # POST /slots/{id}?action=save|restore|erase
     media: MediaConfig = field(default_factory=MediaConfig)
     webui: bool = True
     chat_template: str | None = None          # a built-in template's name (--chat-template)
@@ -76,7 +82,8 @@ def load_engine(cfg: ServerConfig):
                     n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
                     n_gpu_layers=cfg.n_gpu_layers, chat_template=template,
                     mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
-                    max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity)
+                    max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
+                    slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:
@@ -121,6 +128,9 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
     ]:
         routes += [route(p, fn, methods, name) for p in paths]
+    slots = SlotsAPI(api, cfg.slots_endpoint, cfg.slot_save_path)
+    routes += [route("/slots", slots.list, ["GET"], "slots"),
+               route("/slots/{id_slot}", slots.action, ["POST"], "slots_action")]
     routes += responses_api.routes(api, route)       # /v1/responses
     routes += anthropic_api.routes(api, route)       # /v1/messages
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /

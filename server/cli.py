@@ -91,6 +91,24 @@ def serve_parser() -> argparse.ArgumentParser:
                "long prompt arriving mid-stream pauses them briefly and often instead of "
                "once for a whole -b step (e.g. 500 for chat UIs on a CPU; 0: off, steps "
                "of up to -b tokens as in llama-server)")
+    _flag(p, "-sps", "--slot-prompt-similarity", env="LLAMA_ARG_SLOT_PROMPT_SIMILARITY", type=float,
+          default=0.1, metavar="F", dest="slot_prompt_similarity",
+          help="a prompt takes the idle slot whose cached tokens it continues when their common "
+               "prefix is more than this part of the prompt (0: least recently used slot only)")
+    _flag(p, "-cram", "--cache-ram", env="LLAMA_ARG_CACHE_RAM", type=int, default=8192, metavar="MIB",
+          dest="cache_ram",
+          help="host-RAM prompt cache: prefixes a slot loses are kept here (least recently used "
+               "out first) and restored instead of recomputed (0: off, -1: no limit)")
+    _flag(p, "--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", type=int, default=0, metavar="N",
+          dest="cache_reuse",
+          help="reuse cached chunks of at least N tokens by shifting their KV positions: not "
+               "supported yet (only 0 is accepted)")
+    _flag(p, "--no-slots", env="LLAMA_ARG_NO_ENDPOINT_SLOTS", flag=True, dest="no_slots",
+          help="turn off the GET /slots monitoring endpoint")
+    _flag(p, "--slots", env="LLAMA_ARG_ENDPOINT_SLOTS", flag=True, dest="slots",
+          help="accepted for llama-server compatibility: GET /slots is on unless --no-slots")
+    _flag(p, "--slot-save-path", env="LLAMA_ARG_SLOT_SAVE_PATH", metavar="PATH", dest="slot_save_path",
+          help="folder for slot files: POST /slots/{id}?action=save|restore|erase (default: off)")
     _flag(p, "--no-kernel-parity", env="GGSERVE_NO_KERNEL_PARITY", flag=True,
           help="compute each batch with plain ggml calls instead of reproducing, row by "
                "row, the CPU kernel llama.cpp would use (results then differ from "
@@ -165,6 +183,18 @@ def config_from_args(args):
         raise SystemExit("ggserve serve: --chat-template-kwargs must be a JSON object")
     if args.reasoning_budget not in (-1, 0):
         raise SystemExit("ggserve serve: --reasoning-budget must be -1 or 0")
+    if not 0.0 <= args.slot_prompt_similarity <= 1.0:
+        raise SystemExit("ggserve serve: --slot-prompt-similarity must be in 0..1")
+    if args.cache_ram < -1:
+        raise SystemExit("ggserve serve: --cache-ram must be -1 (no limit), 0 (off) or a size in MiB")
+    if args.cache_reuse != 0:
+        # llama-server moves reused chunks to new positions by re-rotating their keys
+        # (KV shift); this server does not shift cells, and reusing them unshifted
+        # would attend with wrong positions
+        raise SystemExit("ggserve serve: --cache-reuse needs KV shifting, which this server does not do; "
+                         "only 0 (the default) is accepted")
+    if args.slot_save_path and not os.path.isdir(args.slot_save_path):
+        raise SystemExit(f"ggserve serve: --slot-save-path: not a directory: {args.slot_save_path}")
     for name in ("ctx_size", "parallel", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"ggserve serve: --{name.replace('_', '-')} must be >= 1")
@@ -177,6 +207,8 @@ def config_from_args(args):
         max_queue=args.max_queue, chat_template_file=args.chat_template_file,
         mmproj=args.mmproj, image_cache_mb=args.image_cache_mb, max_stall_ms=args.max_stall_ms,
         kernel_parity=not args.no_kernel_parity,
+        slot_prompt_similarity=args.slot_prompt_similarity, cache_ram_mb=args.cache_ram,
+        slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
         webui=not args.no_webui, chat_template=args.chat_template,
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,

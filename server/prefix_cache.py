@@ -60,6 +60,7 @@ class PrefixCache:
         self.running: dict[int, Sequence] = {}                 # busy slot -> its sequence
         self._idle_tokens: list[list[int]] = [[] for _ in range(n_slots)]   # what an idle slot holds
         self._used_at = [0.0] * n_slots
+        self.last: dict[int, Sequence] = {}                    # slot -> the last sequence that left it
 
     def slot_tokens(self, slot: int) -> list[int]:
         """The tokens whose memory a slot holds: its running sequence's computed
@@ -199,6 +200,7 @@ class PrefixCache:
             self.memory.free(slot)
             self._idle_tokens[slot] = []
         self._used_at[slot] = time.monotonic()
+        self.last[slot] = seq
         del self.running[slot]
         seq.slot = -1
 

@@ -53,6 +53,7 @@ class Service:
         self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
         self._adds: list[tuple[Job, asyncio.Future]] = []
         self._cancels: list[str] = []
+        self._calls: list[tuple[Callable, asyncio.Future]] = []   # on_engine: fn(engine) between steps
         self._live: dict[str, tuple[Job, int]] = {}   # request id -> (job, index)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -178,6 +179,16 @@ class Service:
         self.metrics.prompt_tokens.inc(sum(len(p.tokens) for p in prompts))
         return job
 
+    async def on_engine(self, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(engine) on the engine thread between two steps (slot files, the
+        slots listing); its result, or what it raised."""
+        if not self.ready:
+            raise APIError(503, "Loading model", code="model_loading", headers={"Retry-After": "5"})
+        fut = asyncio.get_running_loop().create_future()
+        self._calls.append((fn, fut))
+        self._wake.set()
+        return await fut
+
     def cancel(self, request_id: str) -> None:
         """Cancel an engine request; applied before the next step."""
         if request_id in self._live:
@@ -198,8 +209,17 @@ class Service:
                 self._fail_all(APIError(500, f"Engine error: {type(e).__name__}: {e}"))
 
     async def _iteration(self) -> None:
+        calls, self._calls = self._calls, []
+        for fn, fut in calls:
+            if not fut.done():
+                try:
+                    fut.set_result(await asyncio.get_running_loop().run_in_executor(self._executor, fn, self.engine))
+                except Exception as e:
+                    fut.set_exception(e)
         self._apply()
         if not self.engine.has_work():
+            if self._calls:               # one came in while the others ran
+                return
             self._wake.clear()
             await self._wake.wait()
             return
