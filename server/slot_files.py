@@ -47,7 +47,7 @@ def model_fingerprint(gguf) -> str:
     h = hashlib.sha256()
     h.update(str(gguf.architecture).encode())
     for name, info in sorted(gguf.tensors.items()):
-        h.update(f"{name}:{info.type}:{tuple(info.ne)};".encode())
+        h.update(f"{name}:{info.ggml_type}:{tuple(info.ne)};".encode())
     size = os.path.getsize(gguf.path)
     h.update(str(size).encode())
     with open(gguf.path, "rb") as f:
