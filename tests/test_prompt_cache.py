@@ -155,3 +155,35 @@ def test_three_users_ten_turns_interleaved_reuse_their_whole_conversation(smollm
                     assert cached >= 0.95 * so_far[user], (user, turn, cached, so_far[user])
                 so_far[user] = usage["prompt_tokens"] + usage["completion_tokens"]
                 msgs.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
+
+
+def test_an_image_prompt_evicted_to_host_ram_comes_back_without_recomputing_the_image(mmproj_dir, smollm2_path):
+    import hashlib
+    import pathlib
+
+    from PIL import Image
+
+    from engine_helpers import build_prompt, generate_requests
+
+    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64,
+               mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"))
+    try:
+        path = pathlib.Path(__file__).parent / "data" / "vision" / "grad_64x64.png"
+        image = (hashlib.sha256(path.read_bytes()).hexdigest(), Image.open(path))
+        text = ("<|im_start|>user\n<__media__>Describe this image.<|im_end|>\n"
+                "<|im_start|>assistant\n")
+        prompt, spans = build_prompt(e, text, [image])
+
+        def run(rid):
+            ev = generate_requests(e, [Request(rid, list(prompt), GREEDY, max_tokens=6, ignore_eos=True,
+                                               images=build_prompt(e, text, [image])[1])])[rid]
+            return tokens(ev), [x.logprob for x in ev], ev[-1].n_cached
+
+        first = run("img1")
+        kept = run("img-kept")                      # the slot still holds it
+        _turn(e, "other", e.tokenizer.encode("A text prompt that evicts the image."), 2)
+        back = run("img-back")                      # from host RAM
+        assert len(spans) == 1 and kept[2] == back[2] == len(prompt) - 1
+        assert back[:2] == kept[:2] and first[0] == kept[0]
+    finally:
+        e.close()
