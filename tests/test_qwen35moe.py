@@ -7,12 +7,16 @@ import json
 import pathlib
 import sys
 
+import httpx
 import pytest
 
 from ggserve.models.registry import ModelError, model_class
+from ggserve.models.tokenizer.tokenizer import Tokenizer
 from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.engine import Engine
+from ggserve.server.app import ServerConfig, create_app
 from engine_helpers import generate, max_logprob_deviation, tokens
+from server_harness import RunningServer
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "qwen35moe"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
@@ -88,6 +92,58 @@ def test_four_prompts_batched_equal_each_alone(engine):
         alone = solo(engine, CASES[k]["prompt_ids"], 48)
         assert tokens(together[k]) == tokens(alone)
         assert [e.top_logprobs for e in together[k]] == [e.top_logprobs for e in alone]
+
+
+def _assert_same_as_llama_cpp(events, golden: dict) -> None:
+    ours, gold = tokens(events), golden["generated_ids"][:len(events)]
+    i = next((i for i, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
+    if i is not None:
+        step = golden["steps"][i]
+        assert step["probs_available"] and _gap(step) < NEAR_TIE, f"diverged at step {i}: {ours[i]} vs {gold[i]}"
+        return
+    assert max_logprob_deviation(events, _steps(golden)[:len(events)]) <= LOGPROB_TOL
+
+
+def test_prompt_fed_in_chunks_equals_llama_cpp(model_file):
+    prose = CASES["long_prose"]                                # 610 tokens in chunks of 64: the delta
+    chunked = Engine(model_file, n_ctx=4096, n_batch=64, n_parallel=1, n_threads=2)   # net's state
+    try:                                                       # carries across chunks
+        events = generate(chunked, {"r": prose["prompt_ids"]}, 24)["r"]
+    finally:
+        chunked.close()
+    _assert_same_as_llama_cpp(events, prose)
+
+
+def test_a_conversation_continued_from_its_saved_state_equals_a_fresh_prompt(engine):
+    first = CASES["story"]["prompt_ids"]
+    engine.clear_cache()
+    answer = tokens(generate(engine, {"a": first}, 8)["a"])
+    # the state holds the prompt and the first 7 answer tokens (the 8th was sampled, not computed)
+    follow_up = first + answer[:7] + CASES["code_fib"]["prompt_ids"]
+    reused = generate(engine, {"b": follow_up}, 16)["b"]
+    assert reused[0].n_cached == len(first) + 7
+    fresh = solo(engine, follow_up, 16)
+    assert tokens(reused) == tokens(fresh)
+    assert [e.top_logprobs for e in reused] == [e.top_logprobs for e in fresh]
+
+
+def test_served_completion_equals_llama_server(model_file):
+    golden = CASES["long_code"]
+    cfg = ServerConfig(model=model_file, n_ctx=4096, n_parallel=2, n_batch=512, n_threads=2)
+    body = {"prompt": golden["prompt_ids"], "max_tokens": 24, "temperature": 0, "logprobs": 5}
+    with RunningServer(create_app(cfg)) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["usage"]["prompt_tokens"] == len(golden["prompt_ids"])
+    vocab = Tokenizer.from_gguf(model_file)             # golden ids -> their text in the GGUF's vocabulary
+    text = lambda *ids: b"".join(vocab.token_bytes(i) for i in ids).decode("utf-8", "replace")  # noqa: E731
+    assert out["choices"][0]["text"] == text(*golden["generated_ids"][:24])
+    for mine, step in zip(out["choices"][0]["logprobs"]["top_logprobs"], golden["steps"][:24]):
+        theirs = {text(t["id"]): t["logprob"] for t in step["top_logprobs"]}
+        shared = set(mine) & set(theirs)
+        assert len(shared) >= 4
+        assert max(abs(mine[t] - theirs[t]) for t in shared) <= LOGPROB_TOL
 
 
 def _build(path: str, meta_changes=None, drop=()):
