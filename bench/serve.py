@@ -58,6 +58,7 @@ common = _load_common()                     # bench/common.py
 GG, LL = "ggserve", "llama-server"
 TEXT_WORKLOADS = ("text", "prefix")
 IMAGE_WORKLOADS = ("image-new", "image-repeat")
+CHAT_WORKLOADS = ("chat-users",)          # run_chat_users: N users (= concurrency), K turns each
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 
 # the per-cell figures, in table order: (key, header, format, better)
@@ -335,8 +336,9 @@ def ggserve_argv(args, port: int, mmproj: str | None) -> list[str]:
         or shutil.which("ggserve")
     base = [exe] if exe else [sys.executable, "-m", "ggserve.server.cli"]
     argv = base + ["serve", "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
-                   "-c", str(args.ctx), "-np", str(args.parallel), "-b", str(args.batch),
                    "-t", str(args.threads)]
+    if not args.server_defaults:
+        argv += ["-c", str(args.ctx), "-np", str(args.parallel), "-b", str(args.batch)]
     if mmproj:
         argv += ["--mmproj", mmproj]
     return argv + args.ggserve_args.split()
@@ -344,8 +346,9 @@ def ggserve_argv(args, port: int, mmproj: str | None) -> list[str]:
 
 def llama_argv(args, port: int, mmproj: str | None) -> list[str]:
     argv = [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
-            "-c", str(args.ctx), "-np", str(args.parallel), "-b", str(args.batch),
-            "-ub", str(args.batch), "-t", str(args.threads), "-tb", str(args.threads)]
+            "-t", str(args.threads), "-tb", str(args.threads)]
+    if not args.server_defaults:
+        argv += ["-c", str(args.ctx), "-np", str(args.parallel), "-b", str(args.batch), "-ub", str(args.batch)]
     if mmproj:
         argv += ["--mmproj", mmproj]
     return argv + args.llama_args.split()
@@ -392,6 +395,7 @@ class Result:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    text: str = ""                  # the streamed content (chat-users appends it to the history)
 
 
 def request_body(model: str, messages: list, max_tokens: int) -> dict:
@@ -429,6 +433,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result
                 for ch in ev.get("choices") or []:
                     delta = ch.get("delta") or {}
                     if delta.get("content") or delta.get("reasoning_content"):
+                        res.text += delta.get("content") or ""
                         if last is None:
                             res.ttft = now - t0
                         else:
@@ -470,6 +475,43 @@ async def run_cell(url: str, bodies: list[dict], concurrency: int) -> tuple[list
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
     return results, wall
+
+
+CHAT_SYSTEM_WORDS = 120
+CHAT_QUESTION_WORDS = 24
+
+
+async def run_chat_users(url: str, model: str, users: int, turns: int, think_s: float, max_tokens: int,
+                         tag: str) -> tuple[list[Result], float]:
+    """A chat UI with `users` people at once: each holds a conversation of `turns`
+    turns (a system prompt all share, then their own questions), sends a turn, reads
+    the streamed answer, thinks think_s x U(0.5, 1.5) and asks the next question with
+    the whole history so far. Users arrive spread over one think time. Seeded: every
+    server gets the same questions and think times (answers are each server's own).
+    -> every turn's Result, and the wall time (think time included)."""
+    system = ("You are a friendly guide at a city museum. Answer each visitor briefly.\n\n"
+              + _words(random.Random(4321), CHAT_SYSTEM_WORDS))
+    limits = httpx.Limits(max_connections=users + 4, max_keepalive_connections=users + 4)
+    timeout = httpx.Timeout(connect=10, read=600, write=60, pool=600)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        async def user(u: int) -> list[Result]:
+            rng = random.Random(f"chat-{tag}-{u}")
+            msgs, out = [{"role": "system", "content": system}], []
+            await asyncio.sleep(rng.uniform(0, think_s))
+            for k in range(turns):
+                msgs.append({"role": "user", "content": f"[{tag} visitor {u}, question {k}] "
+                                                        + _words(rng, CHAT_QUESTION_WORDS)})
+                res = await one_request(client, url, request_body(model, msgs, max_tokens))
+                out.append(res)
+                if not res.ok:
+                    break
+                msgs.append({"role": "assistant", "content": res.text})
+                await asyncio.sleep(think_s * rng.uniform(0.5, 1.5))
+            return out
+        t0 = time.perf_counter()
+        per_user = await asyncio.gather(*(user(u) for u in range(users)))
+        wall = time.perf_counter() - t0
+    return [r for rs in per_user for r in rs], wall
 
 
 class RssSampler:
@@ -664,8 +706,15 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds (default 2)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     ap.add_argument("--workloads", default="text,prefix,image-new,image-repeat",
-                    help="subset of text,prefix,image-new,image-repeat (image ones need "
-                         "--mmproj and --images)")
+                    help="subset of text,prefix,image-new,image-repeat,chat-users (image ones need "
+                         "--mmproj and --images; chat-users: as many users as the concurrency, "
+                         "--turns each, --think seconds between turns, growing history)")
+    ap.add_argument("--turns", type=int, default=6, help="chat-users: turns per user (default 6)")
+    ap.add_argument("--think", type=float, default=2.0,
+                    help="chat-users: mean seconds a user thinks between turns (default 2)")
+    ap.add_argument("--server-defaults", action="store_true",
+                    help="start both servers with their own defaults for context, slots and batch "
+                         "(only -m, --host, --port and -t are passed)")
     ap.add_argument("--threads", "-t", type=int, default=os.cpu_count(), help="threads, both servers")
     ap.add_argument("--parallel", "-np", type=int, default=0,
                     help="slots, both servers (default: the largest concurrency)")
@@ -697,7 +746,7 @@ def parse_args(argv=None):
     if args.llama_server and not (os.path.isfile(args.llama_server) and os.access(args.llama_server, os.X_OK)):
         ap.error(f"--llama-server {args.llama_server}: not an executable file")
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    bad = set(workloads) - set(TEXT_WORKLOADS) - set(IMAGE_WORKLOADS)
+    bad = set(workloads) - set(TEXT_WORKLOADS) - set(IMAGE_WORKLOADS) - set(CHAT_WORKLOADS)
     if bad:
         ap.error(f"--workloads: unknown {sorted(bad)}")
     args.skipped = []
@@ -761,13 +810,17 @@ def run(args) -> dict:
             order = servers if rnd % 2 == 0 else servers[::-1]
             for w in args.workloads:
                 for c in args.concurrency:
-                    msgs = make_messages(w, rnd, c, n_requests(args, c), images)
+                    msgs = make_messages(w, rnd, c, n_requests(args, c), images) if w not in CHAT_WORKLOADS else []
                     for s in order:
                         if w in s.skip:
                             continue
                         bodies = [request_body(s.model_id, m, args.max_tokens) for m in msgs]
                         with RssSampler(s) as rss:
-                            res, wall = asyncio.run(run_cell(s.url, bodies, c))
+                            if w in CHAT_WORKLOADS:
+                                res, wall = asyncio.run(run_chat_users(s.url, s.model_id, c, args.turns, args.think,
+                                                                       args.max_tokens, f"r{rnd}c{c}"))
+                            else:
+                                res, wall = asyncio.run(run_cell(s.url, bodies, c))
                         cell = cells.setdefault((s.name, w, c), Cell(s.name, w, c))
                         cell.results += res
                         cell.walls.append(wall)
