@@ -55,15 +55,16 @@ class HostCache:
         self.stored += 1
         return True
 
-    def best(self, prompt, limit: int) -> tuple[int | None, int]:
-        """(key, n): the entry sharing the longest prefix with prompt, n of its tokens
-        (at most limit); (None, 0) when none shares any. Ties: the most recent."""
+    def best(self, prompt, limit: int, fit=lambda n: n) -> tuple[int | None, int]:
+        """(key, n): the entry that gives the longest prefix of prompt, n of its tokens
+        (at most limit, cut by fit(n) and where the entry has memory for: Snapshot.
+        reusable); (None, 0) when none gives any. Ties: the most recent."""
         if not self._entries:
             return None, 0
         tokens = np.asarray(prompt, dtype=np.int64)
         best, best_n = None, 0
-        for key, (held, _) in self._entries.items():
-            n = min(common_prefix(held, tokens), limit)
+        for key, (held, snap) in self._entries.items():
+            n = snap.reusable(fit(min(common_prefix(held, tokens), limit)))
             if n >= best_n and n > 0:
                 best, best_n = key, n
         return best, best_n

@@ -6,8 +6,10 @@ What the host-RAM prompt cache (server/host_cache.py) and slot files
 layer's K and V for the sequence's cells in position order, with the cells'
 positions and image-span ids; put back at the start of a sequence's cells (where
 the sequence would have computed them), the next step attends over exactly what it
-would have had the prefix never left. Models with a recurrent state are not
-snapshotted (`supported`): their state is kept only at a few points per slot.
+would have had the prefix never left. For a model with recurrent layers the
+snapshot also holds the sequence's states where it has them (where it ends, and
+the points saved on its way, server/recurrent_state.py): it can give back a
+prefix only up to one of those points (`reusable`).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class Snapshot:
     spans: np.ndarray      # int64 [n]: bidirectional span id per cell (0: none)
     k: list                # per layer: bytes of n rows, or None (a layer without attention)
     v: list
+    states: dict | None = None   # recurrent layers: position -> bytes per state tensor; None without
 
     @property
     def n(self) -> int:
@@ -34,11 +37,14 @@ class Snapshot:
     @property
     def nbytes(self) -> int:
         rows = sum(len(b) for b in (*self.k, *self.v) if b is not None)
+        rows += sum(len(b) for st in (self.states or {}).values() for b in st)
         return rows + self.positions.nbytes + self.spans.nbytes + 8 * self.n
 
-
-def supported(memory: Memory) -> bool:
-    return memory.recurrent is None
+    def reusable(self, n: int) -> int:
+        """How many of the first n tokens this snapshot can give back (with recurrent
+        states: up to the furthest state point at or before n)."""
+        n = min(n, self.n)
+        return n if self.states is None else max((p for p in self.states if p <= n), default=0)
 
 
 def row_sizes(memory: Memory) -> list:
@@ -65,9 +71,14 @@ def _cells(memory: Memory, seq: int) -> np.ndarray:
 
 def capture(memory: Memory, seq: int, tokens) -> Snapshot | None:
     """The memory of seq, which holds exactly these tokens; None when it cannot be
-    taken (a recurrent model, or cells that do not match the tokens)."""
-    if not supported(memory) or not tokens:
+    taken (cells that do not match the tokens, or no recurrent state to give back)."""
+    if not tokens:
         return None
+    states = None
+    if memory.recurrent is not None:
+        states = memory.recurrent.export(seq, len(tokens))
+        if not states:
+            return None
     kv = memory.kv
     cells = _cells(memory, seq)
     if len(cells) != len(tokens):
@@ -80,14 +91,16 @@ def capture(memory: Memory, seq: int, tokens) -> Snapshot | None:
 
     k = [None if t is None else read(t) for t in kv.k]
     v = [None if t is None else read(t) for t in kv.v]
-    return Snapshot(tuple(tokens), kv.positions_of(cells).astype(np.int32), kv.span[cells].astype(np.int64), k, v)
+    return Snapshot(tuple(tokens), kv.positions_of(cells).astype(np.int32), kv.span[cells].astype(np.int64),
+                    k, v, states)
 
 
 def restore(memory: Memory, seq: int, snap: Snapshot, n: int | None = None) -> int:
-    """seq (holding nothing) gets the snapshot's first n tokens (all by default),
-    in the cells it would have computed them in. -> n; 0 when there is no room."""
+    """seq (holding nothing) gets the snapshot's first n tokens (all by default; n
+    from `reusable`), in the cells it would have computed them in. -> n; 0 when
+    there is no room."""
     n = snap.n if n is None else n
-    if n <= 0 or not supported(memory):
+    if n <= 0 or snap.reusable(n) != n:
         return 0
     kv = memory.kv
     try:
@@ -103,6 +116,8 @@ def restore(memory: Memory, seq: int, snap: Snapshot, n: int | None = None) -> i
         for i, c, m in runs:
             t.write(rows[i * row:(i + m) * row], c * row)
     kv.commit(cells, np.full(n, seq, dtype=np.int64), snap.positions[:, :n], snap.spans[:n])
+    if memory.recurrent is not None:
+        memory.recurrent.import_(seq, snap.states, n)
     return n
 
 
@@ -111,4 +126,5 @@ def layout(memory: Memory) -> dict:
     positions per token."""
     kv = memory.kv
     return {"type_k": ggml.type_name(kv.type_k), "type_v": ggml.type_name(kv.type_v),
-            "n_pos": kv.n_pos, "rows": [list(r) if r else None for r in row_sizes(memory)]}
+            "n_pos": kv.n_pos, "rows": [list(r) if r else None for r in row_sizes(memory)],
+            "recurrent": memory.recurrent.row_bytes() if memory.recurrent is not None else []}

@@ -56,7 +56,7 @@ class PrefixCache:
         self.n_slots = n_slots
         self.memory = memory
         self.similarity = similarity
-        self.host = host if host is not None and host.limit and memory_snapshot.supported(memory) else None
+        self.host = host if host is not None and host.limit else None
         self.running: dict[int, Sequence] = {}                 # busy slot -> its sequence
         self._idle_tokens: list[list[int]] = [[] for _ in range(n_slots)]   # what an idle slot holds
         self._used_at = [0.0] * n_slots
@@ -73,6 +73,8 @@ class PrefixCache:
         the slot's memory, another slot's, or the host cache."""
         prompt = seq.tokens
         limit = len(prompt) - 1       # always compute the last prompt token: its logits start generation
+        if seq.pool is not None:
+            limit = 0                 # an embedding pools the hidden state of every row it computes
         # what each slot's memory can give: the prompt's prefix it holds, as far as memory can be cut there
         usable = [self.memory.reusable(s, _whole_images(seq, min(common_prefix(self.slot_tokens(s), prompt), limit)))
                   for s in range(self.n_slots)]
@@ -80,8 +82,8 @@ class PrefixCache:
         # a longer prefix in another slot (running or idle) is shared instead
         src = max(range(self.n_slots), key=lambda s: (usable[s], s == slot))
         reuse = usable[src]
-        key, n_host = self.host.best(prompt, limit) if self.host is not None else (None, 0)
-        n_host = _whole_images(seq, n_host)
+        key, n_host = self.host.best(prompt, limit, lambda n: _whole_images(seq, n)) \
+            if self.host is not None else (None, 0)
         snap = self.host.take(key) if n_host > reuse else None
         self._save(slot, reuse if snap is None and src == slot else 0)
         if snap is not None:
@@ -173,7 +175,7 @@ class PrefixCache:
         rank = {id(s): (-s.n_computed, i) for i, s in enumerate(running)}   # lower: further ahead
         held = set()
         for b in running:
-            if not b.prefilling:
+            if not b.prefilling or b.pool is not None:     # (an embedding computes every row)
                 continue
             best, leader = 0, None
             for a in running:

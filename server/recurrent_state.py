@@ -120,6 +120,33 @@ class RecurrentState:
             dst.append(snaps[p])
         self._copy_rows(src, dst)
 
+    # -- host copies (server/memory_snapshot.py) --------------------------------------
+
+    def row_bytes(self) -> list[int]:
+        """Bytes of one state row of each (layer, state) tensor, in `tensors` order."""
+        return [t.ne[0] * 4 for t in self.tensors.values()]
+
+    def export(self, seq: int, upto: int) -> dict[int, list[bytes]]:
+        """seq's states at positions <= upto (the live one and the saved ones):
+        position -> one bytes per (layer, state) tensor."""
+        if not self.in_use[seq]:
+            return {}
+        rows = {**self.snaps[seq], int(self.pos[seq]): int(self.live[seq])}
+        return {p: [t.read_bytes(r * n, n) for t, n in zip(self.tensors.values(), self.row_bytes())]
+                for p, r in sorted(rows.items()) if 0 < p <= upto}
+
+    def import_(self, seq: int, states: dict[int, list[bytes]], n: int) -> None:
+        """seq's state becomes the one at position n of `states` (from export), the
+        others at or before n (up to SNAPSHOTS, the latest) its saved ones."""
+        self.alloc(seq)
+        older = sorted(p for p in states if p < n)[-SNAPSHOTS:]
+        for p, row in [(n, int(self.live[seq])), *zip(older, self._snapshot_rows(seq))]:
+            for t, data, size in zip(self.tensors.values(), states[p], self.row_bytes()):
+                t.write(np.frombuffer(data, dtype=np.uint8, count=size), row * size)
+            if p != n:
+                self.snaps[seq][p] = row
+        self.pos[seq] = n
+
     # -- what a step's graph uses --------------------------------------------------
 
     def step(self, g, seqs) -> "RecurrentStateStep":

@@ -4,9 +4,11 @@ memory snapshot (server/memory_snapshot.py) on disk, in a format of our own.
     magic      8 bytes  b"GGSVSLOT"
     version    u32 LE   FORMAT_VERSION
     header     u32 LE length, then that many bytes of JSON:
-               {"model": fingerprint, "layout": cache layout, "n_tokens": n, "body_sha256": hex}
+               {"model": fingerprint, "layout": cache layout, "n_tokens": n,
+                "states": [positions], "body_sha256": hex}
     body       tokens int32[n], positions int32[n_pos, n], span ids int64[n],
-               then per attention layer its K rows, then its V rows (n rows each)
+               then per attention layer its K rows, then its V rows (n rows each),
+               then per state position (recurrent layers) one row per state tensor
 
 A file is read back only when every part checks out against the running model: the
 magic and version, the fingerprint (architecture, tensor names/types/shapes, file
@@ -32,6 +34,7 @@ from ggserve.server.request_errors import RequestError
 MAGIC = b"GGSVSLOT"
 FORMAT_VERSION = 1
 MAX_HEADER = 1 << 16
+MAX_STATES = 16               # state positions per file (a slot keeps its live state and a few saved)
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _SAMPLES = 16                 # weight bytes sampled for the fingerprint: 16 x 4 KiB
 _SAMPLE_BYTES = 4096
@@ -71,6 +74,8 @@ def _body(snap: Snapshot) -> list:
     for k, v in zip(snap.k, snap.v):
         if k is not None:
             parts += [k, v]
+    for p in sorted(snap.states or {}):
+        parts += snap.states[p]
     return parts
 
 
@@ -82,7 +87,7 @@ def save(path: str, snap: Snapshot, model: str, layout: dict) -> int:
     for p in body:
         digest.update(p)
     header = json.dumps({"model": model, "layout": layout, "n_tokens": snap.n,
-                         "body_sha256": digest.hexdigest()}).encode()
+                         "states": sorted(snap.states or {}), "body_sha256": digest.hexdigest()}).encode()
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
@@ -126,7 +131,8 @@ def load(path: str, model: str, layout: dict, max_tokens: int) -> Snapshot:
         n = header.get("n_tokens")
         if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= max_tokens:
             raise SlotFileError(f"the slot file holds {n!r} tokens; a slot holds 1..{max_tokens}")
-        sizes = _sizes(layout, n)
+        points = _state_points(header.get("states"), n, bool(layout["recurrent"]))
+        sizes = _sizes(layout, n, len(points))
         if size != 16 + n_header + sum(sizes):
             raise SlotFileError(f"the slot file is {size} bytes; its header says "
                                 f"{16 + n_header + sum(sizes)} (truncated or padded)")
@@ -149,7 +155,21 @@ def load(path: str, model: str, layout: dict, max_tokens: int) -> Snapshot:
             k.append(parts[i])
             v.append(parts[i + 1])
             i += 2
-    return Snapshot(tokens, positions, spans, k, v)
+    per_point = len(layout["recurrent"])
+    states = {p: parts[i + j * per_point:i + (j + 1) * per_point] for j, p in enumerate(points)} \
+        if layout["recurrent"] else None
+    return Snapshot(tokens, positions, spans, k, v, states)
+
+
+def _state_points(points, n: int, recurrent: bool) -> list:
+    """The header's state positions, checked: for a recurrent model, at least one,
+    ascending, each in 1..n; none otherwise."""
+    if not isinstance(points, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in points):
+        raise SlotFileError("the slot file's state positions are not a list of integers")
+    if recurrent != bool(points) or points != sorted(set(points)) or any(not 0 < p <= n for p in points) \
+            or len(points) > MAX_STATES:
+        raise SlotFileError(f"the slot file's state positions {points[:8]!r} do not fit {n} tokens")
+    return points
 
 
 def _header(raw: bytes, n_header: int) -> dict:
@@ -164,10 +184,10 @@ def _header(raw: bytes, n_header: int) -> dict:
     return header
 
 
-def _sizes(layout: dict, n: int) -> list:
-    """Byte sizes of the body's parts for n tokens."""
+def _sizes(layout: dict, n: int, n_states: int) -> list:
+    """Byte sizes of the body's parts for n tokens and n_states state positions."""
     sizes = [4 * n, 4 * layout["n_pos"] * n, 8 * n]
     for rows in layout["rows"]:
         if rows is not None:
             sizes += [rows[0] * n, rows[1] * n]
-    return sizes
+    return sizes + list(layout["recurrent"]) * n_states

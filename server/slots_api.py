@@ -77,8 +77,6 @@ class SlotsAPI:
         return self._model
 
     def _save(self, engine, slot: int, path: str):
-        if not memory_snapshot.supported(engine.memory):
-            raise APIError(501, "slot files are not supported for models with a recurrent state")
         snap = engine.slots.snapshot(slot)
         if snap is None:
             raise invalid(f"slot {slot} holds no tokens to save")
@@ -86,8 +84,6 @@ class SlotsAPI:
         return snap.n, n_bytes
 
     def _restore(self, engine, slot: int, path: str):
-        if not memory_snapshot.supported(engine.memory):
-            raise APIError(501, "slot files are not supported for models with a recurrent state")
         snap = slot_files.load(path, self._fingerprint(engine), memory_snapshot.layout(engine.memory), engine.n_ctx)
         n = engine.slots.load(slot, snap)
         if n != snap.n:

@@ -187,3 +187,32 @@ def test_an_image_prompt_evicted_to_host_ram_comes_back_without_recomputing_the_
         assert back[:2] == kept[:2] and first[0] == kept[0]
     finally:
         e.close()
+
+
+def test_a_hybrid_models_conversation_comes_back_from_host_ram_with_its_recurrent_state():
+    from ggserve.server.prompts import PromptBuilder
+    from engine_helpers import generate_requests
+    from synth_golden import model_path
+
+    e = Engine(model_path("qwen35"), n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64)
+    try:
+        def ask(rid, messages, n):
+            p = PromptBuilder.for_engine(e).chat(messages)
+            ev = generate_requests(e, [Request(rid, p.tokens, GREEDY, max_tokens=n, ignore_eos=True,
+                                               turn_starts=p.turn_starts)])[rid]
+            return len(p.tokens), tokens(ev), [x.logprob for x in ev], ev[0].n_cached
+
+        turn1 = [{"role": "system", "content": "You are a terse assistant."},
+                 {"role": "user", "content": "What is 2 + 2?"}]
+        turn2 = turn1 + [{"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3 * 5?"}]
+        n1 = ask("t1", turn1, 6)[0]
+        kept = ask("t2-kept", turn2, 8)                                   # never left the slot
+        assert kept[3] == n1 - 4       # the state saved before the first prompt's tail (tests/test_qwen35.py)
+        e.clear_cache()
+        ask("t1-again", turn1, 6)
+        ask("other", [{"role": "user", "content": "Name a colour."}], 4)  # evicts to host RAM
+        assert len(e.slots.host) == 1
+        back = ask("t2-back", turn2, 8)
+        assert back[1:] == kept[1:]                                       # same tokens, logprobs, cached
+    finally:
+        e.close()

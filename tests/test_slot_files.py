@@ -162,3 +162,32 @@ def test_load_refuses_a_newer_format_version(tmp_path, saved):
     header = json.loads(bytes(data[16:16 + struct.unpack("<I", bytes(data[12:16]))[0]]))
     with pytest.raises(SlotFileError, match="version"):
         slot_files.load(str(tmp_path / "v2.bin"), header["model"], header["layout"], 1024)
+
+
+def test_a_hybrid_models_slot_file_brings_back_its_recurrent_state(tmp_path):
+    from ggserve.server import memory_snapshot
+    from ggserve.server.engine import Engine, Request
+    from ggserve.server.prompts import PromptBuilder
+    from engine_helpers import GREEDY, generate_requests, tokens
+    from synth_golden import model_path
+
+    e = Engine(model_path("qwen35"), n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=0)
+    try:
+        def ask(rid, messages):
+            p = PromptBuilder.for_engine(e).chat(messages)
+            ev = generate_requests(e, [Request(rid, p.tokens, GREEDY, max_tokens=6, ignore_eos=True,
+                                               turn_starts=p.turn_starts)])[rid]
+            return tokens(ev), [x.logprob for x in ev], ev[0].n_cached
+
+        turn1 = [{"role": "user", "content": "What is 2 + 2?"}]
+        turn2 = turn1 + [{"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3 * 5?"}]
+        ask("t1", turn1)
+        model, layout = slot_files.model_fingerprint(e.loaded.gguf), memory_snapshot.layout(e.memory)
+        slot_files.save(str(tmp_path / "s.bin"), e.slots.snapshot(0), model, layout)
+        kept = ask("t2-kept", turn2)
+        e.clear_cache()
+        snap = slot_files.load(str(tmp_path / "s.bin"), model, layout, e.n_ctx)
+        assert len(snap.states) >= 2 and e.slots.load(0, snap) == snap.n
+        assert ask("t2-restored", turn2) == kept and kept[2] > 0
+    finally:
+        e.close()
