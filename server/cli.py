@@ -101,8 +101,9 @@ def serve_parser() -> argparse.ArgumentParser:
                "out first) and restored instead of recomputed (0: off, -1: no limit)")
     _flag(p, "--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", type=int, default=0, metavar="N",
           dest="cache_reuse",
-          help="reuse cached chunks of at least N tokens by shifting their KV positions: not "
-               "supported yet (only 0 is accepted)")
+          help="llama-server's reuse of cached chunks of at least N tokens at shifted positions: "
+               "refused (only 0): a chunk's K/V were computed after other tokens than the new "
+               "prompt has before it, so answers would differ from computing the prompt")
     _flag(p, "--no-slots", env="LLAMA_ARG_NO_ENDPOINT_SLOTS", flag=True, dest="no_slots",
           help="turn off the GET /slots monitoring endpoint")
     _flag(p, "--slots", env="LLAMA_ARG_ENDPOINT_SLOTS", flag=True, dest="slots",
@@ -189,10 +190,10 @@ def config_from_args(args):
         raise SystemExit("ggserve serve: --cache-ram must be -1 (no limit), 0 (off) or a size in MiB")
     if args.cache_reuse != 0:
         # llama-server moves reused chunks to new positions by re-rotating their keys
-        # (KV shift); this server does not shift cells, and reusing them unshifted
-        # would attend with wrong positions
-        raise SystemExit("ggserve serve: --cache-reuse needs KV shifting, which this server does not do; "
-                         "only 0 (the default) is accepted")
+        # (KV shift); their K/V still reflect the tokens that came before them when they
+        # were computed, so the result is not the prompt's: this server does not do it
+        raise SystemExit("ggserve serve: --cache-reuse is not supported (only 0, the default): reused "
+                         "chunks would keep K/V computed after other tokens, so answers would differ")
     if args.slot_save_path and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"ggserve serve: --slot-save-path: not a directory: {args.slot_save_path}")
     for name in ("ctx_size", "parallel", "batch_size"):
