@@ -27,7 +27,13 @@ from .chat_options import chat_options
 from .errors import invalid
 from .generation_api import chat_prompt, named_frame, sse, submit_chat
 
-_SAMPLING = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
+# Fields of the Messages API itself; the others (temperature, top_p, top_k, stream,
+# llama.cpp's own such as grammar or chat_template_kwargs) pass to the chat request.
+_OWN = {"messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "thinking",
+        "metadata", "service_tier", "container", "context_management", "mcp_servers",
+        # chat-only fields with a Messages spelling above
+        "n", "max_completion_tokens", "response_format", "logprobs", "top_logprobs", "stop",
+        "stream_options", "parallel_tool_calls"}
 
 
 def new_id(prefix: str) -> str:
@@ -166,7 +172,9 @@ def chat_body(body: dict, need_max_tokens: bool = True) -> dict:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise invalid("messages: Field required (a non-empty list)", param="messages")
-    chat = {k: body[k] for k in _SAMPLING if k in body}
+    if body.get("mcp_servers"):
+        raise invalid("mcp_servers: MCP connectors are not supported by this server", param="mcp_servers")
+    chat = {k: v for k, v in body.items() if k not in _OWN}
     chat["messages"] = _system(body.get("system")) + [x for i, m in enumerate(msgs) for x in _message(m, i)]
     limit = body.get("max_tokens")
     if limit is not None or need_max_tokens:
