@@ -216,3 +216,14 @@ def test_a_hybrid_models_conversation_comes_back_from_host_ram_with_its_recurren
         assert back[1:] == kept[1:]                                       # same tokens, logprobs, cached
     finally:
         e.close()
+
+
+def test_cache_reuse_is_refused_with_its_reason_and_cache_ram_below_minus_one_too():
+    from ggserve.server.cli import config_from_args, serve_parser
+
+    with pytest.raises(SystemExit, match="--cache-reuse is not supported"):
+        config_from_args(serve_parser().parse_args(["--cache-reuse", "256"]))
+    with pytest.raises(SystemExit, match="--cache-ram must be"):
+        config_from_args(serve_parser().parse_args(["--cache-ram", "-2"]))
+    with pytest.raises(SystemExit, match="--slot-prompt-similarity"):
+        config_from_args(serve_parser().parse_args(["-sps", "1.5"]))
