@@ -23,9 +23,8 @@ from .api import API
 from .anthropic_items import error_response, message
 from .anthropic_stream import events
 from .chat_answer import collect
-from .chat_options import chat_options
 from .errors import invalid
-from .generation_api import chat_prompt, named_frame, sse, submit_chat
+from .generation_api import named_frame, request_prompt, sse, submit_chat
 
 # Fields of the Messages API itself; the others (temperature, top_p, top_k, stream,
 # llama.cpp's own such as grammar or chat_template_kwargs) pass to the chat request.
@@ -211,9 +210,7 @@ async def count_tokens(api: API, request: Request) -> Response:
     """The prompt's token count as /v1/messages would run it, nothing generated."""
     body = await api.json_body(request)
     req = S.ChatCompletionRequest.model_validate(chat_body(body, need_max_tokens=False))
-    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
-    prompt = await chat_prompt(api, req, opts)
-    return JSONResponse({"input_tokens": len(prompt.tokens)})
+    return JSONResponse({"input_tokens": len((await request_prompt(api, req)).tokens)})
 
 
 def routes(api: API, route) -> list:

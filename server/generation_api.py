@@ -75,12 +75,16 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
     except ValueError as e:
         raise invalid(str(e), param="messages") from None
 
+async def request_prompt(api: API, req: S.ChatCompletionRequest) -> Prompt:
+    """The prompt a chat request would run, not run (/apply-template, token counts)."""
+    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
+    return await chat_prompt(api, req, opts)
+
+
 async def apply_template(api: API, request: Request) -> Response:
     """llama-server's /apply-template: a chat request's prompt text, not run."""
     req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
-    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
-    prompt = await chat_prompt(api, req, opts)
-    return JSONResponse({"prompt": prompt.text})
+    return JSONResponse({"prompt": (await request_prompt(api, req)).text})
 
 
 async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:

@@ -19,7 +19,7 @@ from . import schemas as S
 from .api import API
 from .chat_answer import collect
 from .errors import APIError, invalid
-from .generation_api import named_frame, sse, submit_chat
+from .generation_api import named_frame, request_prompt, sse, submit_chat
 from .responses_items import ResponseStore, Turn, output_items
 from .responses_stream import events
 
@@ -186,19 +186,23 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
 
 # -- endpoints -----------------------------------------------------------------------
 
+def _history(store: ResponseStore, body: dict) -> list[dict]:
+    """The conversation `previous_response_id` continues (none without it)."""
+    prev = body.get("previous_response_id")
+    if prev is None:
+        return []
+    if not isinstance(prev, str):
+        raise invalid("previous_response_id must be a string", param="previous_response_id")
+    try:
+        return list(store.get(prev)[0])
+    except APIError:
+        raise APIError(404, f"Previous response with id '{prev}' not found.", type="invalid_request_error",
+                       param="previous_response_id", code="previous_response_not_found") from None
+
+
 async def create(api: API, store: ResponseStore, request: Request) -> Response:
     body = await api.json_body(request)
-    history = []
-    prev = body.get("previous_response_id")
-    if prev is not None:
-        if not isinstance(prev, str):
-            raise invalid("previous_response_id must be a string", param="previous_response_id")
-        try:
-            history = list(store.get(prev)[0])
-        except APIError:
-            raise APIError(404, f"Previous response with id '{prev}' not found.", type="invalid_request_error",
-                           param="previous_response_id", code="previous_response_not_found") from None
-    chat, conversation = chat_body(body, history)
+    chat, conversation = chat_body(body, _history(store, body))
     req = S.ChatCompletionRequest.model_validate(chat)
     job = await submit_chat(api, req)
     turn = Turn(api, store, body, conversation)
@@ -206,6 +210,14 @@ async def create(api: API, store: ResponseStore, request: Request) -> Response:
         return sse(job, events(turn, job), framer=named_frame, end="")
     a = await collect(request, job)
     return JSONResponse(turn.finish(output_items(a), a))
+
+
+async def input_tokens(api: API, store: ResponseStore, request: Request) -> Response:
+    """The prompt's token count as POST /v1/responses would run it, nothing generated."""
+    body = await api.json_body(request)
+    req = S.ChatCompletionRequest.model_validate(chat_body(body, _history(store, body))[0])
+    n = len((await request_prompt(api, req)).tokens)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
 
 async def retrieve(api: API, store: ResponseStore, request: Request) -> Response:
@@ -219,11 +231,14 @@ async def delete(api: API, store: ResponseStore, request: Request) -> Response:
 
 
 def routes(api: API, route) -> list:
-    """/v1/responses (and /responses), GET and DELETE /v1/responses/{id}."""
+    """/v1/responses (and /responses), /v1/responses/input_tokens, GET and DELETE
+    /v1/responses/{id}."""
     store = ResponseStore()
     out = []
     for prefix in ("/v1/responses", "/responses"):
         out.append(route(prefix, functools.partial(create, api, store), ["POST"], "responses"))
+        out.append(route(prefix + "/input_tokens", functools.partial(input_tokens, api, store), ["POST"],
+                         "responses_input_tokens"))
         out.append(route(prefix + "/{rid}", functools.partial(retrieve, api, store), ["GET"], "responses"))
         out.append(route(prefix + "/{rid}", functools.partial(delete, api, store), ["DELETE"], "responses"))
     return out

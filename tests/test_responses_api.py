@@ -151,6 +151,14 @@ def test_previous_response_id_continues_the_conversation(client, server):
     assert e.value.body["param"] == "previous_response_id"
 
 
+def test_input_tokens_equal_the_prompt_tokens(client, server):
+    body = {"model": "x", "instructions": "Answer briefly.", "input": "Name three colours.", "tools": [WEATHER]}
+    r = httpx.post(server.url + "/v1/responses/input_tokens", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    c = client.responses.create(max_output_tokens=1, **body)
+    assert r.json() == {"object": "response.input_tokens", "input_tokens": c.usage.input_tokens}
+
+
 def test_store_false_is_not_kept(client):
     r = client.responses.create(model="x", input="Hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
