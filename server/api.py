@@ -67,8 +67,8 @@ class API:
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else \
             request.headers.get("x-api-key", "")
         if not key:
-            raise APIError(401, "Missing API key: send `Authorization: Bearer <key>`",
-                           code="invalid_api_key")
+            raise APIError(401, "Missing API key: send `Authorization: Bearer <key>` or "
+                                "`x-api-key: <key>`", code="invalid_api_key")
         if key not in self.cfg.api_keys:
             raise APIError(401, "Invalid API key", code="invalid_api_key")
 

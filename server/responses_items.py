@@ -92,10 +92,10 @@ class Turn:
              "output": list(output), "parallel_tool_calls": b.get("parallel_tool_calls", False),
              "previous_response_id": b.get("previous_response_id"),
              "reasoning": b.get("reasoning") or {"effort": None, "summary": None},
-             "store": b.get("store", True), "temperature": b.get("temperature", 1.0),
+             "store": b.get("store", True), "temperature": b.get("temperature"),
              "text": b.get("text") or {"format": {"type": "text"}},
              "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
-             "top_p": b.get("top_p", 1.0), "truncation": b.get("truncation", "disabled"),
+             "top_p": b.get("top_p"), "truncation": b.get("truncation", "disabled"),
              "usage": None, "user": b.get("user"), "metadata": b.get("metadata") or {}}
         if a is not None:
             r["completed_at"] = S.now()
