@@ -86,13 +86,15 @@ class GGMLError(RuntimeError):
 
 include "ggml_tensors.pxi"
 include "ggml_graph.pxi"
+include "ggml_rpc.pxi"
 
 
 cdef class Backend:
     """Devices, CPU threads and the ggml backend scheduler that runs graphs across them.
 
-    Devices are ordered GPUs first, CPU last, as the scheduler prefers the first
-    backend that holds an op's weights.
+    Devices are ordered as llama.cpp orders them: remote (RPC) devices, local GPUs,
+    the CPU last, as the scheduler prefers the first backend that holds an op's
+    weights. `rpc`: "host:port" endpoints of workers (ggserve or llama.cpp rpc-server).
     """
 
     cdef ggml_backend_sched_t sched
@@ -104,7 +106,7 @@ cdef class Backend:
     cdef Graph _allocated      # the graph the scheduler's buffers hold now
     cdef ggml_threadpool * _threadpool
 
-    def __init__(self, int n_threads=0, bint use_gpu=True, int max_nodes=16384):
+    def __init__(self, int n_threads=0, bint use_gpu=True, int max_nodes=16384, rpc=()):
         cdef size_t i
         cdef ggml_backend_dev_t d
         cdef Device dv
@@ -123,7 +125,9 @@ cdef class Backend:
                 gpus.append(<uintptr_t>d)
         if not cpus:
             raise GGMLError("the linked ggml has no CPU device")
-        for addr in gpus[:15] + cpus[:1]:
+        remote = _rpc_devices(list(rpc)) if rpc else []
+        endpoint_of = {addr: ep for ep, addr in remote}
+        for addr in ([a for _, a in remote] + gpus)[:15] + cpus[:1]:
             d = <ggml_backend_dev_t><uintptr_t>addr
             dv = Device.__new__(Device)
             dv.dev = d
@@ -133,6 +137,7 @@ cdef class Backend:
             dv.name = (<bytes>ggml_backend_dev_name(d)).decode()
             dv.description = (<bytes>ggml_backend_dev_description(d)).decode()
             dv.is_cpu = ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU
+            dv.endpoint = endpoint_of.get(addr)
             self.devices.append(dv)
             backends[n] = dv.backend
             n += 1
@@ -355,14 +360,17 @@ cdef class Backend:
         longer its own: build it anew."""
         cdef Tensor t
         cdef ggml_status st
+        cdef bint ok
         if g.gf == NULL:
             raise GGMLError("the graph is closed")
         if g is not self._allocated:
             if g.was_allocated:
                 raise GGMLError("this graph was allocated before another one ran; build it again")
             self._allocated = None
-            ggml_backend_sched_reset(self.sched)
-            if not ggml_backend_sched_alloc_graph(self.sched, g.gf):
+            with nogil:       # may wait on RPC workers (rpc_lost)
+                ggml_backend_sched_reset(self.sched)
+                ok = ggml_backend_sched_alloc_graph(self.sched, g.gf)
+            if not ok:
                 raise MemoryError("cannot allocate the compute graph")
             g.was_allocated = True
             self._allocated = g

@@ -212,6 +212,10 @@ cdef extern from "ggml-backend.h":
     cbool ggml_backend_dev_supports_op(ggml_backend_dev_t device, const ggml_tensor * op)
 
     size_t ggml_backend_dev_count()
+    ggml_backend_dev_t ggml_backend_dev_by_name(const char * name)
+    ggml_backend_reg_t ggml_backend_reg_by_name(const char * name)
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
+    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
     ggml_backend_dev_t ggml_backend_dev_get(size_t index)
     void ggml_backend_load_all()
 
@@ -221,9 +225,9 @@ cdef extern from "ggml-backend.h":
     cbool ggml_backend_sched_reserve(ggml_backend_sched_t sched, ggml_cgraph * measure_graph)
     size_t ggml_backend_sched_get_buffer_size(ggml_backend_sched_t sched, ggml_backend_t backend)
     int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched)
-    cbool ggml_backend_sched_alloc_graph(ggml_backend_sched_t sched, ggml_cgraph * graph)
+    cbool ggml_backend_sched_alloc_graph(ggml_backend_sched_t sched, ggml_cgraph * graph) nogil
     ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched, ggml_cgraph * graph) nogil
-    void ggml_backend_sched_reset(ggml_backend_sched_t sched)
+    void ggml_backend_sched_reset(ggml_backend_sched_t sched) nogil
 
     ggml_backend_buffer_t ggml_backend_cpu_buffer_from_ptr(void * ptr, size_t size)
     ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
@@ -246,3 +250,13 @@ cdef extern from "ggml-cpu.h":
     ggml_threadpool * ggml_threadpool_new(ggml_threadpool_params * params)
     void ggml_threadpool_free(ggml_threadpool * threadpool)
     void ggml_backend_cpu_set_threadpool(ggml_backend_t backend_cpu, ggml_threadpool * threadpool)
+
+
+cdef extern from "ggml.h":
+    ctypedef void (*ggml_abort_callback_t)(const char * error_message) noexcept nogil
+    ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback)
+
+
+cdef extern from "ggml-rpc.h":
+    # the protocol this ggml speaks (its functions are reached through the registry)
+    enum: RPC_PROTO_MAJOR_VERSION, RPC_PROTO_MINOR_VERSION

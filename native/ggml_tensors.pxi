@@ -105,6 +105,7 @@ cdef class Device:
     cdef readonly str name
     cdef readonly str description
     cdef readonly bint is_cpu
+    cdef readonly str endpoint     # "host:port" of an RPC worker's device, else None
 
     def memory(self):
         """(free, total) bytes as the device reports them."""

@@ -132,6 +132,8 @@ class API:
     # -- endpoints --------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        if self.service.lost is not None:
+            raise APIError(503, self.service.lost, code="worker_lost")
         if self.service.ready:
             return JSONResponse({"status": "ok"})
         if self.service.load_error is not None:

@@ -43,6 +43,8 @@ class ServerConfig:
     n_parallel: int = 4
     n_threads: int = 0
     n_gpu_layers: int = 0
+    rpc: tuple[str, ...] = ()                 # --rpc: RPC workers' host:port (remote devices)
+    tensor_split: tuple[float, ...] = ()      # -ts: layer shares of the devices
     api_keys: list[str] = field(default_factory=list)
     metrics: bool = False
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
@@ -83,7 +85,8 @@ def load_engine(cfg: ServerConfig):
                     n_gpu_layers=cfg.n_gpu_layers, chat_template=template,
                     mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
                     max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
-                    slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb)
+                    slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb,
+                    rpc=cfg.rpc, tensor_split=cfg.tensor_split)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:

@@ -122,7 +122,15 @@ def serve_parser() -> argparse.ArgumentParser:
           metavar="N", help="CPU threads for ggml (0: all cores)")
     _flag(p, "-ngl", "--gpu-layers", "--n-gpu-layers", env="LLAMA_ARG_N_GPU_LAYERS",
           type=int, default=0, metavar="N", dest="n_gpu_layers",
-          help="number of layers to store in GPU memory (CUDA builds of ggml)")
+          help="number of layers to store in GPU memory (CUDA builds of ggml) or on --rpc workers "
+               "(the output layer counts as one: -ngl 99 puts everything there)")
+    _flag(p, "--rpc", env="LLAMA_ARG_RPC", metavar="SERVERS",
+          help="comma-separated HOST:PORT of RPC workers (`ggserve rpc-server` or llama.cpp's "
+               "rpc-server): their devices come before local GPUs and take layers by -ngl and -ts "
+               "(docs/deploy.md)")
+    _flag(p, "-ts", "--tensor-split", env="LLAMA_ARG_TENSOR_SPLIT", metavar="N0,N1,...", dest="tensor_split",
+          help="share of the offloaded layers per device, in device order (RPC workers, then GPUs), "
+               "e.g. 3,1; default: by free memory")
     _flag(p, "--host", env="LLAMA_ARG_HOST", default="127.0.0.1", metavar="HOST",
           help="IP address to listen on")
     _flag(p, "--port", env="LLAMA_ARG_PORT", type=int, default=8080, metavar="PORT",
@@ -196,12 +204,20 @@ def config_from_args(args):
                          "chunks would keep K/V computed after other tokens, so answers would differ")
     if args.slot_save_path and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"ggserve serve: --slot-save-path: not a directory: {args.slot_save_path}")
+    rpc = tuple(e.strip() for e in (args.rpc or "").split(",") if e.strip())
+    try:
+        split = tuple(float(x) for x in args.tensor_split.replace("/", ",").split(",")) if args.tensor_split else ()
+    except ValueError:
+        raise SystemExit(f"ggserve serve: --tensor-split must be numbers separated by commas: {args.tensor_split!r}")
+    if any(x < 0 for x in split):
+        raise SystemExit("ggserve serve: --tensor-split values must be >= 0")
     for name in ("ctx_size", "parallel", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"ggserve serve: --{name.replace('_', '-')} must be >= 1")
     return ServerConfig(
         model=model, alias=args.alias, n_ctx=args.ctx_size, n_batch=args.batch_size,
         n_parallel=args.parallel, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        rpc=rpc, tensor_split=split,
         api_keys=[k.strip() for k in (args.api_key or "").split(",") if k.strip()],
         metrics=bool(args.metrics),
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
@@ -226,6 +242,14 @@ def serve(argv: list[str]) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = config_from_args(args)
+    if cfg.rpc:
+        from ggserve.native import ggml
+
+        for endpoint in cfg.rpc:          # before serving: an unreachable worker is an error now
+            try:
+                ggml.rpc_hello(endpoint)
+            except (ConnectionError, ValueError) as e:
+                raise SystemExit(f"ggserve serve: --rpc: {e}")
 
     import uvicorn
 
@@ -239,13 +263,21 @@ def serve(argv: list[str]) -> int:
     uvicorn.run(app, host=args.host, port=args.port,
                 log_level="debug" if args.verbose else "info",
                 timeout_graceful_shutdown=5)
+    if cfg.rpc:
+        from ggserve.native import ggml
+
+        if ggml.rpc_lost():
+            # the engine thread waits on the lost worker for good; a normal exit would join it
+            logging.shutdown()
+            os._exit(1)
     return 0
 
 
-_USAGE = """usage: ggserve {serve,generate} [options]
+_USAGE = """usage: ggserve {serve,generate,rpc-server} [options]
 
-  serve      serve a model over an OpenAI-compatible HTTP API (ggserve serve --help)
-  generate   generate text from a prompt on the command line (ggserve generate --help)
+  serve       serve a model over an OpenAI-compatible HTTP API (ggserve serve --help)
+  generate    generate text from a prompt on the command line (ggserve generate --help)
+  rpc-server  serve this machine's ggml devices to `serve --rpc` (ggserve rpc-server --help)
 """
 
 
@@ -261,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         from .generate import main as generate_main
 
         return generate_main(rest) or 0
+    if cmd == "rpc-server":
+        from .rpc_server import main as rpc_server_main
+
+        return rpc_server_main(rest)
     print(f"ggserve: unknown command {cmd!r}\n\n{_USAGE}", end="", file=sys.stderr)
     return 2
 

@@ -47,7 +47,8 @@ class Engine:
                  cache_type_k: str = "f16", cache_type_v: str = "f16",
                  chat_template: str | None = None, mmproj: str | None = None,
                  image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
-                 slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192):
+                 slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
+                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = ()):
         t0 = time.perf_counter()
         if not 1 <= n_parallel <= MAX_SEQS:
             raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
@@ -58,7 +59,7 @@ class Engine:
         self.n_parallel, self.n_batch = n_parallel, n_batch
         self.kv_size, self.n_ctx = n_ctx, n_ctx // n_parallel
         self.loaded = LoadedModel(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_parallel=n_parallel,
-                                  chat_template=chat_template, mmproj=mmproj)
+                                  chat_template=chat_template, mmproj=mmproj, rpc=rpc, tensor_split=tensor_split)
         lm = self.loaded
         self.model_path, self.model_name = lm.path, lm.name
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
@@ -277,6 +278,19 @@ class Engine:
         self.images.unpin(seq.images)
 
     # -- resources -----------------------------------------------------------------
+
+    @property
+    def remote(self) -> bool:
+        """Does the model use RPC workers (which can be lost: lost_worker)?"""
+        return self.loaded.remote
+
+    def lost_worker(self) -> str | None:
+        """Why the engine cannot run any more (an RPC worker lost), else None."""
+        return self.loaded.lost_worker()
+
+    def check_workers(self) -> None:
+        """An idle engine's heartbeat: one round trip to each RPC worker."""
+        self.loaded.check_workers()
 
     def memory_report(self) -> str:
         lines = []

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
+
+import numpy as np
 
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer import Tokenizer
@@ -14,9 +17,42 @@ from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.kernel_parity import TILED_TYPES
 
 
+def assign_layers(n_layer: int, n_gpu_layers: int, devices: list, cpu, tensor_split=()) -> list:
+    """The device of each of the n_layer blocks and of the output layer (last), by
+    llama.cpp's rule (llama-model.cpp, load_tensors): of the n_layer + 1 layers the
+    last n_gpu_layers go to the devices (remote ones, then local GPUs), which take
+    consecutive runs in proportion to tensor_split (by default to their free
+    memory); the others stay on the CPU."""
+    if not devices or n_gpu_layers <= 0:
+        return [cpu] * (n_layer + 1)
+    split = [float(x) for x in tensor_split[:len(devices)]] + [0.0] * max(0, len(devices) - len(tensor_split))
+    if not any(split):
+        split = [_free_memory(d, cpu) for d in devices]
+    # float32 as in llama.cpp, so a layer on a boundary goes where llama.cpp puts it
+    bounds = np.cumsum(np.array(split, dtype=np.float32), dtype=np.float32)
+    bounds = bounds / bounds[-1]
+    first = max(n_layer + 1 - n_gpu_layers, 0)
+    n_act = min(n_gpu_layers, n_layer + 1)
+    out = []
+    for il in range(n_layer + 1):
+        if il < first or il - first >= n_act:
+            out.append(cpu)
+        else:
+            at = np.float32(il - first) / np.float32(n_act)
+            out.append(devices[int(np.searchsorted(bounds, at, side="right"))])
+    return out
+
+
+def _free_memory(device, cpu) -> float:
+    free, total = device.memory()
+    # a device that reports no memory counts the host's (as llama.cpp, its #18577)
+    return float(free if free or total else cpu.memory()[0])
+
+
 class LoadedModel:
     def __init__(self, model_path: str, *, n_threads: int = 0, n_gpu_layers: int = 0, n_parallel: int = 1,
-                 chat_template: str | None = None, mmproj: str | None = None):
+                 chat_template: str | None = None, mmproj: str | None = None,
+                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = ()):
         self.path = os.fspath(model_path)
         self.gguf = GGUFFile(self.path)
         meta = self.gguf.metadata
@@ -29,13 +65,14 @@ class LoadedModel:
         n_layer = meta.get(f"{arch}.block_count", 0)
         # graph size: ~60 nodes per layer plus 6 per attention call (at most one per sequence)
         max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
-        self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes)
-        self.device_of_layer = self._placement(n_layer, n_gpu_layers)
+        self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes, rpc=rpc)
+        layer_devices = assign_layers(n_layer, n_gpu_layers, self.backend.gpus, self.backend.cpu, tensor_split)
+        self.device_of_layer = layer_devices.__getitem__
         matmul_names = matmul_weight_names(self.gguf.tensors)
-        self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(n_layer, n_gpu_layers),
+        self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(layer_devices),
                                                  repack=matmul_names)
-        if self.backend.gpus and n_gpu_layers > n_layer:
-            self._duplicate_tied_output(self.backend.gpus[0])
+        if not layer_devices[n_layer].is_cpu:
+            self._duplicate_tied_output(layer_devices[n_layer])
         tensors = {}
         for buf in self.weights.values():
             tensors.update(buf.tensors)
@@ -85,26 +122,15 @@ class LoadedModel:
                     kernel_of[t] = "tiled"
         return kernel_of
 
-    def _placement(self, n_layer, n_gpu_layers):
-        gpus = self.backend.gpus
-        cpu = self.backend.cpu
-        if not gpus or n_gpu_layers <= 0:
-            return lambda il: cpu
-        first_gpu_layer = max(0, n_layer - n_gpu_layers)
-        return lambda il: gpus[0] if il >= first_gpu_layer else cpu
-
-    def _tensor_placement(self, n_layer, n_gpu_layers):
-        """llama.cpp's rule: the last n_gpu_layers blocks on the GPU, the output
-        layer too when n_gpu_layers > n_layer; token embeddings stay on the CPU."""
-        gpus = self.backend.gpus
-        if not gpus or n_gpu_layers <= 0:
-            return {}
+    def _tensor_placement(self, layer_devices):
+        """Blocks on their layer's device, the output layer on the device of layer
+        n_layer; token embeddings stay on the CPU (as in llama.cpp)."""
         place = {}
         for name in self.gguf.tensors:
             if name.startswith("blk."):
-                place[name] = self.device_of_layer(int(name.split(".")[1]))
-            elif name.startswith("output") and n_gpu_layers > n_layer:
-                place[name] = gpus[0]
+                place[name] = layer_devices[int(name.split(".")[1])]
+            elif name.startswith("output"):
+                place[name] = layer_devices[-1]
         return place
 
     def _duplicate_tied_output(self, device):
@@ -118,6 +144,28 @@ class LoadedModel:
         buf = self.backend.alloc(device, [("output.weight", embd.type, embd.ne)])
         buf["output.weight"].copy_from(embd)
         self.weights[f"{device.name} (tied output)"] = buf
+
+    @property
+    def remote(self) -> bool:
+        return any(d.endpoint for d in self.backend.devices)
+
+    def lost_worker(self) -> str | None:
+        """When ggml lost an RPC worker (ggml.rpc_lost): which one, found by
+        connecting to each (a lost worker refuses or does not answer)."""
+        why = ggml.rpc_lost()
+        if why is None:
+            return None
+        for endpoint in dict.fromkeys(d.endpoint for d in self.backend.devices if d.endpoint):
+            try:
+                socket.create_connection(ggml.split_endpoint(endpoint), timeout=1.0).close()
+            except OSError as e:
+                return f"RPC worker {endpoint} lost ({e.strerror or e})"
+        return f"an RPC worker was lost ({why.strip()})"
+
+    def check_workers(self) -> None:
+        for device in self.backend.devices:
+            if device.endpoint:
+                device.memory()
 
     def weight_bytes(self, device) -> int:
         n = sum(b.nbytes for b in self.weights.values() if b.device is device)

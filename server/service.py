@@ -26,6 +26,15 @@ from .prompts import Prompt, PromptBuilder
 
 log = logging.getLogger("ggserve.server")
 
+# With RPC workers: how often a call waiting on the engine thread checks whether a
+# worker was lost, and how often an idle engine asks its workers (so /health knows)
+WATCH_SECONDS = 0.25
+HEARTBEAT_SECONDS = 5.0
+
+
+class WorkerLost(Exception):
+    """An RPC worker the model runs on is gone: the engine cannot run any more."""
+
 _ids = itertools.count()
 
 
@@ -49,6 +58,7 @@ class Service:
         self._make_decoder = make_decoder
         self.ready = False
         self.load_error: BaseException | None = None
+        self.lost: str | None = None          # why the engine stopped for good (an RPC worker lost)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-engine")
         self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
         self._adds: list[tuple[Job, asyncio.Future]] = []
@@ -87,6 +97,10 @@ class Service:
         self._adds.clear()
         self._live.clear()
         loop = asyncio.get_running_loop()
+        if self.lost is not None:         # the engine thread waits on the lost worker for good
+            self._executor.shutdown(wait=False)
+            self._prompt_executor.shutdown(wait=False)
+            return
         if self.engine is not None:
             engine, self.engine = self.engine, None
             await loop.run_in_executor(self._executor, engine.close)
@@ -137,9 +151,7 @@ class Service:
         Job once the engine took them all (or raises: context length, bad request,
         queue full). output() makes each choice's ChatOutput (reasoning and tool
         calls); show_tokens: control tokens whose text the output keeps (their markers)."""
-        if not self.ready:
-            raise APIError(503, "Loading model", code="model_loading",
-                           headers={"Retry-After": "5"})
+        self._check_usable()
         n_ctx = self.engine.n_ctx
         outstanding = len(self._live) + sum(len(j.choices) for j, _ in self._adds)
         if outstanding + len(prompts) > self.n_parallel + self.max_queue:
@@ -182,12 +194,18 @@ class Service:
     async def on_engine(self, fn: Callable[[Any], Any]) -> Any:
         """Run fn(engine) on the engine thread between two steps (slot files, the
         slots listing); its result, or what it raised."""
-        if not self.ready:
-            raise APIError(503, "Loading model", code="model_loading", headers={"Retry-After": "5"})
+        self._check_usable()
         fut = asyncio.get_running_loop().create_future()
         self._calls.append((fn, fut))
         self._wake.set()
         return await fut
+
+    def _check_usable(self) -> None:
+        if self.lost is not None:
+            raise APIError(503, f"{self.lost}: the server cannot generate until it is restarted",
+                           code="worker_lost")
+        if not self.ready:
+            raise APIError(503, "Loading model", code="model_loading", headers={"Retry-After": "5"})
 
     def cancel(self, request_id: str) -> None:
         """Cancel an engine request; applied before the next step."""
@@ -203,6 +221,13 @@ class Service:
                 await self._iteration()
             except asyncio.CancelledError:
                 raise
+            except WorkerLost as e:
+                # what ran fails now (no hang); the engine is never called again
+                self.lost = str(e)
+                log.error("%s: failing every request; /health reports it", self.lost)
+                self._fail_all(APIError(503, f"{self.lost}: the request cannot finish", code="worker_lost"),
+                               cancel=False)
+                return
             except Exception as e:
                 # never let one bad step kill the loop: fail what runs, keep serving
                 log.exception("engine loop error")
@@ -213,7 +238,10 @@ class Service:
         for fn, fut in calls:
             if not fut.done():
                 try:
-                    fut.set_result(await asyncio.get_running_loop().run_in_executor(self._executor, fn, self.engine))
+                    fut.set_result(await self._engine_call(fn, self.engine))
+                except WorkerLost:
+                    fut.set_exception(APIError(503, "an RPC worker was lost", code="worker_lost"))
+                    raise
                 except Exception as e:
                     fut.set_exception(e)
         self._apply()
@@ -221,13 +249,32 @@ class Service:
             if self._calls:               # one came in while the others ran
                 return
             self._wake.clear()
-            await self._wake.wait()
+            if not self.engine.remote:
+                await self._wake.wait()
+                return
+            try:
+                await asyncio.wait_for(self._wake.wait(), HEARTBEAT_SECONDS)
+            except asyncio.TimeoutError:
+                await self._engine_call(self.engine.check_workers)
             return
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        events = await loop.run_in_executor(self._executor, self.engine.step)
+        events = await self._engine_call(self.engine.step)
         self.metrics.step_seconds.observe(time.perf_counter() - t0)
         self._dispatch(events)
+
+    async def _engine_call(self, fn, *args):
+        """fn(*args) on the engine thread. A call that waits on a lost RPC worker
+        never returns (native/ggml_rpc.pxi): with workers, watch for that instead."""
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        if not self.engine.remote:
+            return await fut
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=WATCH_SECONDS)
+            if done:
+                return fut.result()
+            lost = self.engine.lost_worker()
+            if lost is not None:
+                raise WorkerLost(lost)
 
     def _apply(self) -> None:
         engine = self.engine
@@ -285,17 +332,18 @@ class Service:
             job.queue.put_nowait((index, ev))
         self._update_stats()
 
-    def _fail_all(self, err: APIError) -> None:
+    def _fail_all(self, err: APIError, cancel: bool = True) -> None:
         for job, fut in self._adds:
             if not fut.done():
                 fut.set_exception(err)
         self._adds.clear()
         self._cancels.clear()
         for rid, (job, _) in list(self._live.items()):
-            try:
-                self.engine.cancel(rid)
-            except Exception:
-                pass
+            if cancel:
+                try:
+                    self.engine.cancel(rid)
+                except Exception:
+                    pass
             job.queue.put_nowait(err)
         self._live.clear()
         self._update_stats()
