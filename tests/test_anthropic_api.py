@@ -4,13 +4,8 @@ x-api-key, the openai client as a Bearer token). Greedy answers must equal what
 /v1/chat/completions gives for the same conversation (llama.cpp-exact there)."""
 from __future__ import annotations
 
-import base64
-import functools
-import http.server
 import json
 import os
-import pathlib
-import threading
 
 import anthropic
 import httpx
@@ -18,11 +13,9 @@ import openai
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.media import MediaConfig
 from server_harness import RunningServer
 
 TEMPLATE = os.path.join(os.path.dirname(__file__), "data", "templates", "Qwen-Qwen3-0.6B.jinja")
-IMAGES = pathlib.Path(__file__).parent / "data" / "vision"
 KEY = "sk-test"
 WEATHER = {"name": "get_weather", "description": "Current weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -209,44 +202,3 @@ def test_bad_requests_are_400_in_anthropic_shape(server, body, where):
     err = r.json()
     assert set(err) == {"type", "error"} and err["type"] == "error"
     assert err["error"]["type"] == "invalid_request_error" and err["error"]["message"].startswith(where)
-
-
-# -- images, on Gemma 3 with the golden's synthetic projector ------------------------
-
-@pytest.fixture(scope="module")
-def gemma_vision(gemma3_path, mmproj_dir):
-    # URL sources are fetched from a loopback server here, so private addresses are allowed
-    cfg = ServerConfig(model=gemma3_path, mmproj=str(mmproj_dir / "mmproj-synth-gemma3-f16.gguf"),
-                       n_ctx=1024, n_parallel=1, n_batch=512, n_threads=2,
-                       media=MediaConfig(allow_private=True))
-    with RunningServer(create_app(cfg)) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def image_host():
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(IMAGES))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-def _vision_chat(srv, url):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0).chat.completions.create(
-        model="x", max_tokens=8, temperature=0,
-        messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]}])
-
-
-@pytest.mark.parametrize("source", ["base64", "url"])
-def test_image_equals_chat_image_url(gemma_vision, image_host, source):
-    data = base64.b64encode((IMAGES / "grad_64x64.png").read_bytes()).decode()
-    src = {"type": "base64", "media_type": "image/png", "data": data} if source == "base64" else \
-        {"type": "url", "url": image_host + "/grad_64x64.png"}
-    client = anthropic.Anthropic(base_url=gemma_vision.url, api_key="none", max_retries=0, timeout=300)
-    m = client.messages.create(model="x", max_tokens=8, extra_body=T0, messages=[{"role": "user", "content": [
-        {"type": "image", "source": src}, {"type": "text", "text": "Describe this image."}]}])
-    c = _vision_chat(gemma_vision, "data:image/png;base64," + data)
-    assert m.content[0].text == c.choices[0].message.content
-    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == c.usage.prompt_tokens > 256

@@ -4,28 +4,22 @@ in <tool_call> tags, think blocks). Greedy answers must equal what
 /v1/chat/completions gives for the same conversation (llama.cpp-exact there)."""
 from __future__ import annotations
 
-import base64
-import functools
-import http.server
 import json
 import os
 import pathlib
 import shutil
 import subprocess
-import threading
 
 import httpx
 import openai
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.media import MediaConfig
 from ggserve.server.responses_items import ResponseStore
 from server_harness import RunningServer
 
 TEMPLATE = os.path.join(os.path.dirname(__file__), "data", "templates", "Qwen-Qwen3-0.6B.jinja")
 NODE = pathlib.Path(__file__).parent / "node"
-IMAGES = pathlib.Path(__file__).parent / "data" / "vision"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 CHAT_WEATHER = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}
@@ -212,35 +206,3 @@ def test_node_sdk_plain_and_streamed(client, server):
     assert [seq for _, seq in got["events"]] == list(range(len(got["events"])))
     assert got["events"][0][0] == "response.created" and got["events"][-1][0] in (
         "response.completed", "response.incomplete")
-
-
-# -- an image, on Gemma 3 with the golden's synthetic projector ----------------------
-
-@pytest.fixture(scope="module")
-def gemma_vision(gemma3_path, mmproj_dir):
-    # http(s) images are fetched from a loopback server here, so private addresses are allowed
-    cfg = ServerConfig(model=gemma3_path, mmproj=str(mmproj_dir / "mmproj-synth-gemma3-f16.gguf"),
-                       n_ctx=1024, n_parallel=1, n_batch=512, n_threads=2, media=MediaConfig(allow_private=True))
-    with RunningServer(create_app(cfg)) as srv:
-        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def image_host():
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(IMAGES))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-@pytest.mark.parametrize("kind", ["data", "http"])
-def test_input_image_equals_chat_image_url(gemma_vision, image_host, kind):
-    data = "data:image/png;base64," + base64.b64encode((IMAGES / "grad_64x64.png").read_bytes()).decode()
-    url = data if kind == "data" else image_host + "/grad_64x64.png"
-    r = gemma_vision.responses.create(model="x", max_output_tokens=8, temperature=0, input=[{"role": "user", "content": [
-        {"type": "input_image", "image_url": url}, {"type": "input_text", "text": "Describe this image."}]}])
-    c = gemma_vision.chat.completions.create(model="x", max_tokens=8, temperature=0, messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data}}, {"type": "text", "text": "Describe this image."}]}])
-    assert r.output_text == c.choices[0].message.content
-    assert r.usage.input_tokens == c.usage.prompt_tokens > 256      # the image's 256 tokens are in it
