@@ -92,4 +92,4 @@ class Gemma3Model:
             h = inp.mm(g, L.ffn_down, g.geglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h)))
             x = g.add(g.mul(g.rms_norm(h, self.eps), L.ffn_post_norm), x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)

@@ -122,7 +122,7 @@ class Gemma4Model:
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
         if inp.out_ids is not None:
             x = g.get_rows(x, inp.out_ids)
-        logits = inp.mm(g, self.output, x)
+        logits = inp.head(g, self.output, x)
         if self.softcap:
             logits = g.scale(g.tanh(g.scale(logits, 1.0 / self.softcap)), self.softcap)
         return logits

@@ -92,7 +92,7 @@ class GptOssModel:
         if inp.out_ids is not None:
             x = g.get_rows(x, inp.out_ids)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)
 
 
 def _linear(g, inp, w, b, x):

@@ -20,6 +20,10 @@ class ForwardInputs:
     kernel_of: dict | None = None   # weight -> "repack" | "tiled" (others: absent)
     plans: dict | None = None       # kind -> row plan for this batch (server.kernel_parity.RowPlan)
     n_outputs: int = 0
+    # i32 [n_logit_rows]: the output rows whose logits are wanted, when some output rows
+    # want only their hidden state (embeddings); None: every output row's
+    logit_rows: object | None = None
+    hidden: object | None = None    # set by head(): f32 [n_embd, n_outputs], the final norm's output
 
     def mm(self, g, w, x):
         """w @ x for a weight matrix; rows planned when w's kernel depends on the call."""
@@ -27,6 +31,15 @@ class ForwardInputs:
         if kind is None or self.plans is None:
             return g.mul_mat(w, x)
         return self.plans[kind].apply(g, w, x, x.ne[1] == self.n_tokens)
+
+    def head(self, g, output, x):
+        """Logits [n_vocab, n_logit_rows] of the final hidden state x [n_embd, n_outputs]
+        (after the output norm). x is kept as `hidden`: embeddings pool it, as llama.cpp
+        reads its t_embd (result_norm)."""
+        self.hidden = x
+        if self.logit_rows is not None:
+            x = g.get_rows(x, self.logit_rows)
+        return self.mm(g, output, x)
 
     def embed(self, g, tok_embd, scale: float | None = None):
         """Input embeddings [n_embd, n_tokens]: token rows looked up (and scaled, for models

@@ -91,7 +91,7 @@ class LlamaModel:
             h = g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h))
             x = g.add(inp.mm(g, L.ffn_down, h), x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)
 
     def _rope(self, g, t, pos):
         return g.rope(t, pos, self.n_rot, self.rope_type, self.n_ctx_orig, self.rope_base,

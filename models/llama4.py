@@ -130,4 +130,4 @@ class Llama4Model:
                 ffn = g.add(moe.moe_ffn(g, inp, h, L.experts, self.routing), ffn)
             x = g.add(ffn, x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)

@@ -99,4 +99,4 @@ class Mistral3Model:
             h = g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h))
             x = g.add(inp.mm(g, L.ffn_down, h), x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)

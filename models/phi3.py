@@ -81,4 +81,4 @@ class Phi3Model:
                          g.view(up, (self.n_ff, m), (up.nb[1],), self.n_ff * up.nb[0]))
             x = g.add(x, inp.mm(g, L.ffn_down, h))
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)

@@ -115,7 +115,7 @@ class Qwen35Model:
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
         if inp.out_ids is not None:
             x = g.get_rows(x, inp.out_ids)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)
 
     def load_ffn(self, L: Layer, w: Weights, i: int) -> None:
         """The FFN's weights of layer i on L (a SwiGLU FFN; Qwen3.5-MoE: experts)."""

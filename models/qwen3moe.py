@@ -75,4 +75,4 @@ class Qwen3MoeModel:
             h = g.mul(g.rms_norm(x, self.eps), L.ffn_norm)
             x = g.add(moe.moe_ffn(g, inp, h, L.experts, self.routing), x)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)

@@ -69,4 +69,4 @@ class Qwen3VLModel(Qwen3Model):
                 ds = deepstack[il]
                 x = g.add(x, g.get_rows(ds, inp.out_ids) if last else ds)
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.mm(g, self.output, x)
+        return inp.head(g, self.output, x)

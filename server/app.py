@@ -2,6 +2,7 @@
 
 Routes: /v1/chat/completions, /v1/completions (server/generation_api.py),
 /v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
+/v1/embeddings, /embeddings, /embedding (server/embeddings_api.py),
 /v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), /slots
 (server/slots_api.py), and the
 same without /v1 where llama-server has them, /props and the chat page at /
@@ -25,6 +26,7 @@ from starlette.routing import Route
 
 from . import anthropic_api, chat_page, responses_api
 from .api import API
+from .embeddings_api import embeddings_native, embeddings_oai
 from .errors import exception_handlers, to_api_error
 from .generation_api import apply_template, chat, completions
 from .media import MediaConfig
@@ -64,6 +66,9 @@ class ServerConfig:
     reasoning_format: str = "auto"            # none | deepseek | auto
     reasoning_budget: int = -1                # 0: no thinking
     chat_template_kwargs: dict = field(default_factory=dict)
+    embeddings: bool = False                  # --embeddings: /v1/embeddings, /embeddings, /embedding
+    pooling: str | None = None                # --pooling (None: the GGUF's)
+    embd_normalize: int = 2                   # --embd-normalize: a request's default
 
 
 def load_engine(cfg: ServerConfig):
@@ -86,6 +91,7 @@ def load_engine(cfg: ServerConfig):
                     mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
                     max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
                     slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb,
+                    embeddings=cfg.embeddings, pooling=cfg.pooling,
                     rpc=cfg.rpc, tensor_split=cfg.tensor_split)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
@@ -128,6 +134,8 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/v1/completions", "/completions"), functools.partial(completions, api), ["POST"], "completions"),
         (("/apply-template",), functools.partial(apply_template, api), ["POST"], "apply_template"),
         (("/tokenize",), api.tokenize, ["POST"], "tokenize"),
+        (("/v1/embeddings",), functools.partial(embeddings_oai, api), ["POST"], "embeddings"),
+        (("/embeddings", "/embedding"), functools.partial(embeddings_native, api), ["POST"], "embeddings"),
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
     ]:
         routes += [route(p, fn, methods, name) for p in paths]

@@ -1,7 +1,7 @@
 """A step plan's chunks as one batch of rows: plain arrays, no tensors."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,6 +16,10 @@ class Batch:
     out_chunks: list              # the chunks those rows belong to
     images: list | None           # (batch row, embedding buffer, first row, end row) blocks, in batch order
     span_ids: np.ndarray | None   # int64 [n]: non-zero for rows of bidirectional spans (the mask)
+    # rows whose final hidden state an embedding's pooling reads (server/pooling.py), and
+    # (chunk, how many of those rows) per embedding chunk, in row order
+    hidden_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    hidden_chunks: list = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -39,15 +43,21 @@ def assemble(chunks, images, n_pos: int) -> Batch:
     else:
         positions = np.concatenate([_positions(c.seq, c.start, c.n, n_pos) for c in chunks], axis=1)
     seq_ids = np.concatenate([np.full(c.n, c.seq.slot, dtype=np.int64) for c in chunks])
-    out_rows, out_chunks, row = [], [], 0
+    out_rows, out_chunks, hidden, hidden_chunks, row = [], [], [], [], 0
     for c in chunks:
-        row += c.n
-        if c.wants_logits:
-            out_rows.append(row - 1)
+        if c.seq.pool is not None:          # an embedding: hidden states, never logits
+            rows = c.seq.pool.rows(c.start, c.n)
+            if len(rows):
+                hidden.append(row + rows)
+                hidden_chunks.append((c, len(rows)))
+        elif c.wants_logits:
+            out_rows.append(row + c.n - 1)
             out_chunks.append(c)
+        row += c.n
     blocks, span_ids = _image_rows(chunks, len(tokens), images)
+    hidden_rows = np.concatenate(hidden).astype(np.int32) if hidden else np.zeros(0, np.int32)
     return Batch(tuple(chunks), tokens, positions, seq_ids, np.asarray(out_rows, dtype=np.int32), out_chunks,
-                 blocks, span_ids)
+                 blocks, span_ids, hidden_rows, hidden_chunks)
 
 
 def _positions(seq, start: int, n: int, n_pos: int) -> np.ndarray:

@@ -156,6 +156,15 @@ def serve_parser() -> argparse.ArgumentParser:
           help="auto/deepseek: thinking goes to message.reasoning_content; none: it stays in content")
     _flag(p, "--reasoning-budget", env="LLAMA_ARG_THINK_BUDGET", type=int, default=-1, metavar="N",
           help="-1: think as the model likes; 0: no thinking (enable_thinking=false)")
+    _flag(p, "--embeddings", "--embedding", env="LLAMA_ARG_EMBEDDINGS", flag=True, dest="embeddings",
+          help="serve /v1/embeddings, /embeddings and /embedding (batched with generation, which stays on)")
+    _flag(p, "--pooling", env="LLAMA_ARG_POOLING", choices=["none", "mean", "cls", "last", "rank"],
+          help="pooling of the final hidden states for embeddings (default: the model's "
+               "<arch>.pooling_type, else none); rank (reranking) is not served")
+    _flag(p, "--embd-normalize", env="LLAMA_ARG_EMBD_NORMALIZE", type=int, default=2, metavar="N",
+          dest="embd_normalize",
+          help="embeddings' default normalization (-1 none, 0 max absolute int16, 1 taxicab, "
+               "2 Euclidean, > 2 p-norm); a request's embd_normalize wins")
     _flag(p, "--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", flag=True,
           help="enable the Prometheus /metrics endpoint")
     _flag(p, "--max-queue", env="GGSERVE_MAX_QUEUE", type=int, default=64, metavar="N",
@@ -204,6 +213,8 @@ def config_from_args(args):
                          "chunks would keep K/V computed after other tokens, so answers would differ")
     if args.slot_save_path and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"ggserve serve: --slot-save-path: not a directory: {args.slot_save_path}")
+    if args.embd_normalize < -1:
+        raise SystemExit("ggserve serve: --embd-normalize must be >= -1")
     rpc = tuple(e.strip() for e in (args.rpc or "").split(",") if e.strip())
     try:
         split = tuple(float(x) for x in args.tensor_split.replace("/", ",").split(",")) if args.tensor_split else ()
@@ -229,6 +240,7 @@ def config_from_args(args):
         webui=not args.no_webui, chat_template=args.chat_template,
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,
+        embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,

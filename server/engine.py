@@ -30,6 +30,7 @@ from ggserve.server.kernel_parity import KernelParity
 from ggserve.server.kv_cache import MAX_SEQS
 from ggserve.server.loader import LoadedModel
 from ggserve.server.memory import Memory
+from ggserve.server.pooling import Pool, from_gguf
 from ggserve.server.prefix_cache import PrefixCache
 from ggserve.server.request_errors import ContextLengthExceeded
 from ggserve.server.sampling import SamplingParams, sample_batch
@@ -48,6 +49,7 @@ class Engine:
                  chat_template: str | None = None, mmproj: str | None = None,
                  image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
                  slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
+                 embeddings: bool = False, pooling: str | None = None,
                  rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = ()):
         t0 = time.perf_counter()
         if not 1 <= n_parallel <= MAX_SEQS:
@@ -77,7 +79,13 @@ class Engine:
         self.slots = PrefixCache(n_parallel, self.memory, slot_prompt_similarity,
                                  HostCache(cache_ram_mb * 2**20 if cache_ram_mb > 0 else 2**62) if cache_ram_mb else None)
         self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos)
-        self.runner.reserve(n_batch, n_parallel)
+        # embeddings (--embeddings): the pooling, the GGUF's unless given (server/pooling.py)
+        self.pooling = (pooling or from_gguf(lm.gguf.metadata)) if embeddings else None
+        if self.pooling == "rank":
+            raise ValueError("pooling rank (--pooling rank, or the model's own) is for reranking models "
+                             "(llama-server's --reranking), which ggserve does not serve; "
+                             "use --pooling none, mean, cls or last")
+        self.runner.reserve(n_batch, n_parallel, embeddings=embeddings)
         if self.vision is not None:
             self.vision.reserve()
         self.load_seconds = time.perf_counter() - t0
@@ -102,7 +110,9 @@ class Engine:
         check themselves when made)."""
         if not request.prompt:
             raise ValueError("the prompt is empty")
-        if len(request.prompt) + 1 > self.n_ctx:
+        if request.embed and self.pooling is None:
+            raise ValueError("embeddings are off: start the server with --embeddings")
+        if len(request.prompt) + (0 if request.embed else 1) > self.n_ctx:
             raise ContextLengthExceeded(f"This model's maximum context length is {self.n_ctx} tokens "
                                         f"per sequence, but the prompt has {len(request.prompt)} tokens.")
         if request.max_tokens < 0:
@@ -119,6 +129,8 @@ class Engine:
         self.images.pin(request.images)
         seq = Sequence(request)
         seq.state_points = self.memory.state_points(len(request.prompt), request.turn_starts)
+        if request.embed:
+            seq.pool = Pool(self.pooling, len(request.prompt))
         self.scheduler.add(seq)
 
     def cancel(self, request_id: str) -> None:
@@ -172,6 +184,7 @@ class Engine:
             c.seq.n_computed += c.n
         self.scheduler.observe(batch.n, self.runner.last_compute_seconds)
         events += self._sample(batch.out_chunks, logits)
+        events += self._pool(batch, self.runner.last_hidden)
         self.last_step_seconds = time.perf_counter() - t0
         return events
 
@@ -179,7 +192,7 @@ class Engine:
         events = []
         for seq in self.scheduler.admit():
             self.slots.assign(seq)
-            if seq.request.max_tokens == 0:
+            if seq.request.max_tokens == 0 and not seq.request.embed:
                 events.append(self._end(seq, None, "length"))
         return events
 
@@ -195,6 +208,22 @@ class Engine:
             chunks, logits = [c for c, f in zip(chunks, finite) if f], logits[finite]
         results = sample_batch(logits, [c.seq.sampler for c in chunks]) if chunks else []
         return events + [self._on_token(c.seq, r) for c, r in zip(chunks, results)]
+
+    def _pool(self, batch, hidden) -> list[TokenEvent]:
+        """Embedding chunks: their rows' hidden states go to their pools; a chunk that
+        ends its prompt ends its request with the result."""
+        events, row = [], 0
+        for c, k in batch.hidden_chunks:
+            c.seq.pool.add(hidden[row:row + k])
+            row += k
+        for c in batch.chunks:
+            if c.seq.pool is not None and c.start + c.n == c.seq.n_prompt:
+                seq = c.seq
+                self.scheduler.remove(seq.id)
+                self._leave(seq, keep=True)
+                events.append(TokenEvent(seq.id, None, None, [], "stop", seq.n_prompt, 0,
+                                         embedding=seq.pool.result()))
+        return events
 
     def _use_tiles(self, plan: StepPlan) -> ImageStore:
         """The tiles the chunks reach are stored: count each as a cache hit once

@@ -18,11 +18,12 @@ class BuiltGraph:
     batch rows, attention calls and matmul row plans) only refill its inputs, as
     llama.cpp reuses its graph, skipping the Python build and ggml's allocation."""
 
-    def __init__(self, key, graph, inputs: dict, logits):
+    def __init__(self, key, graph, inputs: dict, logits, hidden=None):
         self.key = key
         self.graph = graph
         self.inputs = inputs       # input name -> tensor
         self.logits = logits
+        self.hidden = hidden       # the output rows' final hidden states (steps with embeddings)
 
 
 class GraphRunner:
@@ -36,34 +37,53 @@ class GraphRunner:
         self._graph: BuiltGraph | None = None
         self.graph_builds = 0
         self.last_compute_seconds = 0.0
+        self.last_hidden: np.ndarray | None = None
 
-    def reserve(self, n_batch: int, n_seqs: int) -> None:
-        """Size compute buffers for the worst case: a full batch attending over the whole cache."""
+    def reserve(self, n_batch: int, n_seqs: int, embeddings: bool = False) -> None:
+        """Size compute buffers for the worst case: a full batch attending over the whole
+        cache; with embeddings, also one whose every row is an output (hidden states)."""
+        self._reserve(n_batch, n_seqs, False)
+        if embeddings:
+            self._reserve(n_batch, n_seqs, True)
+
+    def _reserve(self, n_batch: int, n_seqs: int, all_rows: bool) -> None:
         kv = self.memory.kv
         g = self.backend.graph()
         try:
             tokens = g.input("tokens", ggml.I32, (n_batch,))
             pos = g.input("pos", ggml.I32, (n_batch * self.n_pos,))
-            out_ids = g.input("out_ids", ggml.I32, (min(n_batch, n_seqs),))
+            n_logits = min(n_batch, n_seqs)
+            out_ids = None if all_rows else g.input("out_ids", ggml.I32, (n_logits,))
             st = kv.declare(g, n_batch, kv.worst_case_calls(n_batch, self.parity.min_attention_rows))
             inp = ForwardInputs(tokens, pos, out_ids, st, n_batch)
+            if all_rows:
+                inp.logit_rows = g.input("logit_rows", ggml.I32, (n_logits,))
             if self.memory.recurrent is not None:
                 k = min(n_batch, n_seqs)      # k sequences: k - 1 decodes and one prompt chunk
                 inp.recurrent = self.memory.recurrent.step(g, np.arange(k))
                 inp.seq_rows = tuple((i, 1) for i in range(k - 1)) + ((k - 1, n_batch - k + 1),)
             g.output(self.model.forward(g, inp))
+            if all_rows:
+                g.output(inp.hidden)
             self.backend.reserve(g)
         finally:
             g.close()
 
     def run(self, batch: Batch, cells: np.ndarray, n_threads: int) -> np.ndarray:
         """float32 [len(batch.out_rows), n_vocab]: the logits of the batch's output rows,
-        computed with n_threads CPU threads (unless kernel parity needs all of them)."""
+        computed with n_threads CPU threads (unless kernel parity needs all of them).
+        The final hidden states of its embedding rows (`batch.hidden_rows`) are left in
+        `last_hidden`: float32 [len(batch.hidden_rows), n_embd], or None."""
         kv = self.memory.kv
         n = batch.n
         is_token = batch.tokens >= 0
         n_tok = int(is_token.sum())
-        n_out = len(batch.out_rows)
+        out_rows, n_logits = batch.out_rows, len(batch.out_rows)
+        n_logit_rows = None            # rows of the LM head, when it skips embedding rows
+        if len(batch.hidden_rows):
+            out_rows = np.union1d(batch.out_rows, batch.hidden_rows).astype(np.int32)
+            n_logit_rows = max(1, n_logits)
+        n_out = len(out_rows)
         all_out = n_out == n
         ubatches = self.parity.ubatches(batch.chunks)
         calls = self.parity.attention_calls(batch.seq_ids, ubatches, kv.view_for)
@@ -81,7 +101,10 @@ class GraphRunner:
         if n_tok:
             values["tokens"] = batch.tokens[is_token].astype(np.int32)
         if not all_out:
-            values["out_ids"] = batch.out_rows if n_out else np.zeros(1, np.int32)
+            values["out_ids"] = out_rows if n_out else np.zeros(1, np.int32)
+        if n_logit_rows is not None:
+            values["logit_rows"] = np.searchsorted(out_rows, batch.out_rows).astype(np.int32) \
+                if n_logits else np.zeros(1, np.int32)
         blocks = self._image_blocks(batch.images) if batch.images else None
         if blocks:
             for name, _, lo, hi in blocks:
@@ -94,14 +117,14 @@ class GraphRunner:
             seqs, _ = batch.per_sequence()        # state rows in batch order
             values.update(self.memory.recurrent.step_values(np.asarray(seqs, dtype=np.int64)))
         # the graph is a function of these; the values above are its inputs
-        key = (n, n_tok, all_out or n_out, tuple(calls), tuple(p.key for p in plans),
+        key = (n, n_tok, all_out or n_out, n_logit_rows, tuple(calls), tuple(p.key for p in plans),
                tuple(r[1] for r in seq_rows))
         built = self._graph
         if blocks or built is None or built.key != key or not self.backend.holds(built.graph):
             if built is not None:
                 built.graph.close()
-            built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), calls, plans,
-                                              blocks, seqs, seq_rows)
+            built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), n_logit_rows,
+                                              calls, plans, blocks, seqs, seq_rows)
             self.graph_builds += 1
         try:
             t = time.perf_counter()
@@ -110,11 +133,14 @@ class GraphRunner:
                                                if name in built.inputs})
             self.last_compute_seconds = time.perf_counter() - t
             out = built.logits.read()
+            self.last_hidden = None
+            if built.hidden is not None:
+                self.last_hidden = built.hidden.read().reshape(n_out, -1)[np.searchsorted(out_rows, batch.hidden_rows)]
         finally:
             if blocks:       # image steps are one of a kind: not kept
                 built.graph.close()
                 self._graph = None
-        return out.reshape(-1, self.model.n_vocab)[:n_out]
+        return out.reshape(-1, self.model.n_vocab)[:n_logits]
 
     def close(self) -> None:
         if self._graph is not None:
@@ -144,8 +170,10 @@ class GraphRunner:
             rows = block if rows is None else g.concat(rows, block, 1)
         return rows
 
-    def _build(self, key, n, n_tok, n_out, calls, plans, image_blocks, seqs, seq_rows) -> BuiltGraph:
-        """The forward graph for a batch of this shape (n_out None: logits for every row)."""
+    def _build(self, key, n, n_tok, n_out, n_logit_rows, calls, plans, image_blocks, seqs, seq_rows) -> BuiltGraph:
+        """The forward graph for a batch of this shape (n_out None: every row is an output;
+        n_logit_rows: the LM head takes that many of the output rows, and the output rows'
+        hidden states are an output too)."""
         g = self.backend.graph()
         try:
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
@@ -164,8 +192,11 @@ class GraphRunner:
                 inp.images = self._image_embeddings(g, image_blocks)
                 if n_tok:
                     inp.order = g.input("row_order", ggml.I32, (n,))
+            if n_logit_rows is not None:
+                inp.logit_rows = g.input("logit_rows", ggml.I32, (n_logit_rows,))
             logits = g.output(self.model.forward(g, inp))
+            hidden = g.output(inp.hidden) if n_logit_rows is not None else None
         except BaseException:
             g.close()
             raise
-        return BuiltGraph(key, g, {t.name: t for t in g.inputs}, logits)
+        return BuiltGraph(key, g, {t.name: t for t in g.inputs}, logits, hidden)

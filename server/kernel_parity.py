@@ -151,7 +151,7 @@ class RowPlan:
         self.kind = kind
         n_tokens = len(batched)
         self.n_tokens = n_tokens
-        solo_max = 3 if kind == "repack" else MATMUL_TILED_MIN_ROWS - 1
+        solo_max = self.solo_max = 3 if kind == "repack" else MATMUL_TILED_MIN_ROWS - 1
         many = np.flatnonzero(batched)
         few = np.flatnonzero(~batched)
         if len(many):
@@ -201,7 +201,9 @@ class RowPlan:
         return self.t_perm, self.t_inv
 
     def apply(self, g, w, x, full_batch: bool):
-        calls = self.calls if full_batch else self.out_calls
+        # after the last layer: the output rows, or fewer (the LM head skips the rows that
+        # want only their hidden state), each a solo row
+        calls = self.calls if full_batch else _chunks(0, x.ne[1], self.solo_max)
         permuted = full_batch and self.perm is not None
         if len(calls) == 1 and not permuted:
             return g.mul_mat(w, x)

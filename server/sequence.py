@@ -22,6 +22,9 @@ class Request:
     # int32 [n_pos, len(prompt)]: each token's positions where they are not its index
     # (M-RoPE: 4 per token, images advance them by their grid); None: the index
     positions: np.ndarray | None = None
+    # an embedding request (server/pooling.py): prompt only; its last step returns the
+    # pooled final hidden states instead of sampling (max_tokens and params unused)
+    embed: bool = False
 
 
 @dataclass
@@ -34,6 +37,7 @@ class TokenEvent:
     n_prompt: int
     n_cached: int
     error: str | None = None
+    embedding: np.ndarray | None = None   # an embedding request's result (server/pooling.py Pool.result)
 
 
 class Sequence:
@@ -51,6 +55,7 @@ class Sequence:
         self.images = request.images
         # prompt positions a chunk must end at, to save the recurrent state there (Memory.state_points)
         self.state_points: tuple[int, ...] = ()
+        self.pool = None      # server/pooling.Pool of an embedding request (the engine sets it)
         self.n_pos = 1 if request.positions is None else request.positions.shape[0]
         # generated tokens continue from the prompt's last position (all dims, as
         # llama.cpp's text positions for M-RoPE: p, p, p, 0)

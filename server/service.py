@@ -146,7 +146,8 @@ class Service:
 
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
-                     output: Callable[[], Any] | None = None, show_tokens=frozenset()) -> Job:
+                     output: Callable[[], Any] | None = None, show_tokens=frozenset(),
+                     embed: bool = False) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad request,
         queue full). output() makes each choice's ChatOutput (reasoning and tool
@@ -176,6 +177,8 @@ class Service:
                 extra["turn_starts"] = tuple(p.turn_starts)
             if p.positions is not None:
                 extra["positions"] = p.positions
+            if embed:
+                extra["embed"] = True
             requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens),
                                                params=prm, max_tokens=limit,
                                                ignore_eos=ignore_eos, **extra))
@@ -190,6 +193,25 @@ class Service:
             raise
         self.metrics.prompt_tokens.inc(sum(len(p.tokens) for p in prompts))
         return job
+
+    async def embed(self, prompts: list[list[int]]) -> list:
+        """One embedding request per prompt, batched by the engine with all other work:
+        each prompt's pooled final hidden states (server/pooling.py Pool.result), in order."""
+        from .sampling import SamplingParams      # (unused by an embedding, but every request has them)
+
+        job = await self.submit([Prompt(p) for p in prompts], [SamplingParams()] * len(prompts), None, embed=True)
+        out = [None] * len(prompts)
+        try:
+            for _ in prompts:
+                item = await job.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                index, ev = item
+                job.choices[index].engine_done = True
+                out[index] = ev.embedding
+        finally:
+            job.close()
+        return out
 
     async def on_engine(self, fn: Callable[[Any], Any]) -> Any:
         """Run fn(engine) on the engine thread between two steps (slot files, the
