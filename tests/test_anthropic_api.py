@@ -160,6 +160,27 @@ def test_count_tokens_equals_the_chat_prompt(claude, oai):
     assert n.input_tokens == c.usage.prompt_tokens
 
 
+def test_tool_results_come_before_the_rest_of_their_message():
+    from ggserve.server.anthropic_api import chat_body
+
+    body = {"max_tokens": 8, "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "Call it.", "signature": "s"},
+                                                  {"type": "tool_use", "id": "t1", "name": "w",
+                                                   "input": {"city": "Zürich"}}]},
+                {"role": "user", "content": [{"type": "text", "text": "Thanks."},
+                                             {"type": "tool_result", "tool_use_id": "t1",
+                                              "content": [{"type": "text", "text": "21 C"}]}]}]}
+    assert chat_body(body)["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call it.", "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Zürich"}'}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "21 C"},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks."}]}]
+
+
 @pytest.mark.parametrize("key", ["wrong-key", None])
 def test_auth_failure_in_anthropic_shape(server, key):
     headers = {"x-api-key": key} if key else {}

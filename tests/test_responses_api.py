@@ -159,6 +159,23 @@ def test_store_false_is_not_kept(client):
         client.responses.retrieve(r.id)
 
 
+def test_output_items_sent_back_make_one_assistant_turn():
+    from ggserve.server.responses_api import input_messages
+
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Look."}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+             {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
+              "arguments": '{"city":"Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "21 C"}]
+    assert input_messages(items) == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."}], "reasoning_content": "Look.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+
+
 def test_response_store_drops_the_least_recently_used():
     store = ResponseStore(size=2)
     for rid in ("a", "b"):
