@@ -203,7 +203,8 @@ def test_sdk_raises_bad_request_for_a_document_block(claude):
         claude.messages.create(model="x", max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "hi"}}]}])
     assert e.value.body["type"] == "error"
-    assert e.value.body["error"]["type"] == "invalid_request_error" and "document" in e.value.body["error"]["message"]
+    err = e.value.body["error"]
+    assert err["type"] == "invalid_request_error" and "document" in err["message"]
 
 
 @pytest.mark.parametrize("body, where", [

@@ -163,7 +163,8 @@ def test_output_items_sent_back_make_one_assistant_turn():
     from ggserve.server.responses_api import input_messages
 
     items = [{"role": "user", "content": "Weather in Paris?"},
-             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Look."}]},
+             {"type": "reasoning", "id": "rs_1", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "Look."}]},
              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
              {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
               "arguments": '{"city":"Paris"}'},
