@@ -3,6 +3,7 @@ response object of one turn, and the store of finished responses that
 `previous_response_id` and GET /v1/responses/{id} read."""
 from __future__ import annotations
 
+import json
 import uuid
 from collections import OrderedDict
 
@@ -10,7 +11,8 @@ from . import schemas as S
 from .chat_answer import Answer
 from .errors import APIError
 
-KEPT = 256                                               # stored responses for previous_response_id
+KEPT = 256                 # stored responses for previous_response_id, at most
+KEPT_BYTES = 64 * 2**20    # and at most this much JSON (data: URL images count in full)
 
 
 def new_id(prefix: str) -> str:
@@ -19,28 +21,38 @@ def new_id(prefix: str) -> str:
 
 class ResponseStore:
     """Responses by id, for `previous_response_id` and GET: the conversation that led
-    to each (chat messages, without its instructions) and the response object."""
+    to each (chat messages, without its instructions) and the response object. The
+    least recently used go first when there are more than `size` or they take more
+    than `max_bytes`."""
 
-    def __init__(self, size: int = KEPT):
-        self.size = size
-        self._items: OrderedDict[str, tuple[list[dict], dict]] = OrderedDict()
+    def __init__(self, size: int = KEPT, max_bytes: int = KEPT_BYTES):
+        self.size, self.max_bytes = size, max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
 
     def put(self, rid: str, messages: list[dict], response: dict) -> None:
-        self._items[rid] = (messages, response)
-        self._items.move_to_end(rid)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        if rid in self._items:
+            self.delete(rid)
+        n = len(json.dumps([messages, response], ensure_ascii=False))
+        self._items[rid] = (messages, response, n)
+        self.bytes += n
+        while self._items and (len(self._items) > self.size or self.bytes > self.max_bytes):
+            self.bytes -= self._items.popitem(last=False)[1][2]
 
     def get(self, rid: str) -> tuple[list[dict], dict]:
         if rid not in self._items:
             raise APIError(404, f"Response with id '{rid}' not found.", type="invalid_request_error",
                            code="response_not_found")
         self._items.move_to_end(rid)
-        return self._items[rid]
+        messages, response, _ = self._items[rid]
+        return messages, response
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._items
 
     def delete(self, rid: str) -> None:
         self.get(rid)
-        del self._items[rid]
+        self.bytes -= self._items.pop(rid)[2]
 
 
 def message_item(iid: str, text: str, status: str = "completed") -> dict:

@@ -183,7 +183,17 @@ def test_response_store_drops_the_least_recently_used():
         store.put(rid, [], {"id": rid})
     store.get("a")                       # a used: b is now the oldest
     store.put("c", [], {"id": "c"})
-    assert [rid for rid in ("a", "b", "c") if rid in store._items] == ["a", "c"]
+    assert [rid for rid in ("a", "b", "c") if rid in store] == ["a", "c"]
+
+
+def test_response_store_keeps_within_its_byte_budget():
+    one = len(json.dumps([[{"role": "user", "content": "x" * 100}], {"id": "a"}]))
+    store = ResponseStore(size=10, max_bytes=2 * one)
+    for rid in ("a", "b", "c"):
+        store.put(rid, [{"role": "user", "content": "x" * 100}], {"id": rid})
+    assert [rid for rid in ("a", "b", "c") if rid in store] == ["b", "c"] and store.bytes == 2 * one
+    store.delete("b")
+    assert store.bytes == one
 
 
 def test_reasoning_comes_back_as_a_reasoning_item(client):
