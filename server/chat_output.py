@@ -63,12 +63,12 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
         return fmt.parse(text, partial, reasoning, tools)
     r, rest = split_reasoning(text, fmt.think, partial, open_think) if reasoning else ("", text)
     if not tools:
-        return Parsed(r, rest.lstrip() if fmt.lstrip_content else rest)
+        return Parsed(r, rest.lstrip() if fmt.lstrip_content is True else rest)
     try:
         content, calls = fmt.split_calls(rest, partial)
     except Malformed:
         return Parsed(r, "" if partial else rest)
-    if rest is text or fmt.lstrip_content:
+    if fmt.lstrip_content is True or rest is text and fmt.lstrip_content is None:
         content = content.lstrip()  # as llama-server: no leading whitespace
     return Parsed(r, content, calls)
 

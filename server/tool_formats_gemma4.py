@@ -105,6 +105,8 @@ class Gemma4(Format):
     markers = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|turn>", QUOTE)
     starts = ("<|tool_call>",)
     always_shown = ("<|channel>", "<channel|>")
+    text_after_calls = False           # llama-server's Gemma 4 parser ends at the last call
+    lstrip_content = False             # ... and keeps the answer as written
 
     def block(self, text, i, partial):
         i = _expect(text, i, "<|tool_call>call:", partial)

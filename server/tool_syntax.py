@@ -110,7 +110,10 @@ class Format:
     think = ("<think>", "</think>")
     markers: tuple[str, ...] = ()      # token texts the output must show (preserved tokens)
     starts: tuple[str, ...] = ()       # what begins the tool calls
-    lstrip_content = False             # the answer's leading whitespace is dropped even without tools
+    # the answer's leading whitespace: None drops it unless a think block came first
+    # (llama-server's default), True always drops it, False keeps it
+    lstrip_content: bool | None = None
+    text_after_calls = True            # text after the last call is content (else dropped)
 
     def __init__(self, tools: list | None = None):
         self.schemas = {}
@@ -156,7 +159,7 @@ class Format:
         if partial:
             after = after[:len(after) - held(after, self.starts)]
         # as llama-server: the text before the calls is kept as written
-        return text[:start] + after.strip(), calls
+        return text[:start] + (after.strip() if self.text_after_calls else ""), calls
 
     def block(self, text: str, i: int, partial: bool) -> tuple[list[Call], int]:
         raise NotImplementedError

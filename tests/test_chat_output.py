@@ -137,7 +137,7 @@ def test_parallel_calls(family):
     assert parsed_calls(p) == [call("get_weather", {"city": "Paris"}), call("get_time", {"city": "Oslo"})]
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama3"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("llama3", "gemma4")])
 def test_text_before_and_after_the_calls_is_content(family):
     template, write, _, wrap = FAMILIES[family]
     text = "Let me look that up.\n\n" + wrap.format(write("get_weather", {"city": "Paris"})) + "\nDone."
@@ -180,6 +180,13 @@ def test_gemma4_thought_channel_is_reasoning():
                  fmt_of("google-gemma-4-31B-it"))
     assert (p.reasoning, p.content) == ("The user wants weather.", "")
     assert parsed_calls(p) == [call("get_weather", {"city": "Paris"})]
+
+
+def test_gemma4_text_before_the_calls_is_content_as_written_and_text_after_them_is_dropped():
+    # as llama-server's Gemma 4 parser, which ends at the last call
+    text = " Let me look that up.\n" + gemma4("get_weather", {"city": "Paris"}) + "<|tool_"
+    p = co.parse(text, fmt_of("google-gemma-4-31B-it"))
+    assert (p.content, parsed_calls(p)) == (" Let me look that up.\n", [call("get_weather", {"city": "Paris"})])
 
 
 def test_gemma4_string_keeps_json_specials_and_numbers_stay_numbers():

