@@ -57,9 +57,10 @@ class Sequence:
         self.state_points: tuple[int, ...] = ()
         self.pool = None      # server/pooling.Pool of an embedding request (the engine sets it)
         self.n_pos = 1 if request.positions is None else request.positions.shape[0]
-        # generated tokens continue from the prompt's last position (all dims, as
-        # llama.cpp's text positions for M-RoPE: p, p, p, 0)
-        self._next_pos = self.n_prompt if request.positions is None else int(request.positions[0].max()) + 1
+        # generated tokens continue after the prompt's last position in every dimension
+        # (as mtmd's n_past: a prompt ending on an image goes on at p0 + max(grid w, h)),
+        # in all dims alike, as llama.cpp's text positions for M-RoPE: p, p, p, 0
+        self._next_pos = self.n_prompt if request.positions is None else int(request.positions[:3].max()) + 1
         # penalties only ever see real tokens, never image placeholders
         self.sampler = SequenceSampler(request.params, [t for t in request.prompt if t >= 0])
 

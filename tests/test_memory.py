@@ -55,6 +55,14 @@ def test_a_sequence_continues_mrope_positions_after_its_prompt():
     assert seq.positions(14, 3).T.tolist() == [[11, 11, 11, 0], [12, 12, 12, 0], [13, 13, 13, 0]]
 
 
+def test_generation_after_a_prompt_ending_on_an_image_starts_past_its_grid():
+    positions = _mrope_positions(5, (2, 3), 0)                 # 5 text tokens, then 6 image rows
+    seq = Sequence(Request("m", list(range(11)), positions=positions))
+    seq.tokens += [7]
+    # as mtmd: n_past advances by max(rows, cols) over an image: 5 + 3
+    assert seq.positions(11, 1).T.tolist() == [[8, 8, 8, 0]]
+
+
 def test_text_positions_are_token_indices():
     seq = Sequence(Request("t", list(range(6))))
     assert seq.positions(2, 3).tolist() == [[2, 3, 4]]
