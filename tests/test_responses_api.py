@@ -145,6 +145,13 @@ def test_previous_response_id_continues_the_conversation(client, server):
     assert e.value.body["param"] == "previous_response_id"
 
 
+def test_delete_drops_a_kept_response(client):
+    r = client.responses.create(model="x", input="Hi", max_output_tokens=2)
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+
+
 def test_input_tokens_equal_the_prompt_tokens(client, server):
     body = {"model": "x", "instructions": "Answer briefly.", "input": "Name three colours.", "tools": [WEATHER]}
     r = httpx.post(server.url + "/v1/responses/input_tokens", json=body, timeout=30)
