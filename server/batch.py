@@ -12,8 +12,8 @@ class Batch:
     tokens: np.ndarray            # int64 [n]: token ids (negative: image rows)
     positions: np.ndarray         # int32 [n_pos, n]
     seq_ids: np.ndarray           # int64 [n]: each row's slot
-    out_rows: np.ndarray          # int32: rows whose logits are sampled, one per chunk that wants them
-    out_chunks: list              # the chunks those rows belong to
+    out_rows: np.ndarray          # int32: rows whose logits are sampled: a chunk's last, or all of a drafted one
+    out_chunks: list              # the chunks those rows belong to (once per chunk)
     images: list | None           # (batch row, embedding buffer, first row, end row) blocks, in batch order
     span_ids: np.ndarray | None   # int64 [n]: non-zero for rows of bidirectional spans (the mask)
     # rows whose final hidden state an embedding's pooling reads (server/pooling.py), and
@@ -37,7 +37,8 @@ class Batch:
 
 def assemble(chunks, images, n_pos: int) -> Batch:
     """images: the image store (every tile the chunks reach is in it: the plan saw to that)."""
-    tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
+    tokens = np.concatenate([np.asarray(c.seq.tokens[c.start:c.start + c.n - len(c.draft)] + list(c.draft),
+                                        dtype=np.int64) for c in chunks])
     if n_pos == 1:
         positions = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int32) for c in chunks])[None, :]
     else:
@@ -50,6 +51,9 @@ def assemble(chunks, images, n_pos: int) -> Batch:
             if len(rows):
                 hidden.append(row + rows)
                 hidden_chunks.append((c, len(rows)))
+        elif c.draft:                       # every row of a drafted chunk is verified
+            out_rows.extend(range(row, row + c.n))
+            out_chunks.append(c)
         elif c.wants_logits:
             out_rows.append(row + c.n - 1)
             out_chunks.append(c)

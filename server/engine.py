@@ -36,6 +36,7 @@ from ggserve.server.request_errors import ContextLengthExceeded
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler, StepPlan
 from ggserve.server.sequence import Request, Sequence, TokenEvent
+from ggserve.server.speculative import SpecConfig, Speculator
 
 __all__ = ["Engine", "Request", "TokenEvent", "ContextLengthExceeded", "SamplingParams"]
 
@@ -50,7 +51,8 @@ class Engine:
                  image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
                  slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
                  embeddings: bool = False, pooling: str | None = None,
-                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = ()):
+                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
+                 spec: SpecConfig | None = None):
         t0 = time.perf_counter()
         if not 1 <= n_parallel <= MAX_SEQS:
             raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
@@ -88,6 +90,7 @@ class Engine:
         self.runner.reserve(n_batch, n_parallel, embeddings=embeddings)
         if self.vision is not None:
             self.vision.reserve()
+        self.spec = self._speculator(spec or SpecConfig(type="none"), n_ctx, n_batch, n_parallel)
         self.load_seconds = time.perf_counter() - t0
         self.last_step_seconds = 0.0
 
@@ -104,6 +107,22 @@ class Engine:
         return self.runner.last_compute_seconds
 
     # -- requests ----------------------------------------------------------------
+
+    def _speculator(self, config: SpecConfig, n_ctx: int, n_batch: int, n_parallel: int) -> Speculator:
+        if config.type != "none" and not self.memory.cuts_anywhere:
+            # rejected rows cannot be taken out of a recurrent state (server/speculative.py)
+            if config.type == "draft-simple":
+                raise ValueError("speculative decoding needs a model whose memory can drop rejected tokens; "
+                                 "this model has recurrent layers")
+            log.info("speculative decoding off: the model has recurrent layers")
+            config = SpecConfig(type="none")
+        draft = None
+        if config.type == "draft-simple":
+            from ggserve.server.draft_model import DraftModel
+            draft = DraftModel(config.model_draft, self.tokenizer, n_ctx=n_ctx, n_batch=n_batch,
+                               n_parallel=n_parallel, n_threads=self.n_threads,
+                               n_gpu_layers=config.n_gpu_layers_draft)
+        return Speculator(config, draft)
 
     def add(self, request: Request) -> None:
         """Queue a request. Its fields are checked here, once (sampling parameters
@@ -145,7 +164,7 @@ class Engine:
         return {"kv_used": self.memory.n_used, "kv_total": self.kv.size,
                 "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "image_cache_hits": self.images.hits, "image_cache_misses": self.images.misses,
-                "images_encoded": self.images.encoded}
+                "images_encoded": self.images.encoded, **self.spec.stats()}
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (only between requests: nothing may be running)."""
@@ -159,6 +178,9 @@ class Engine:
         t0 = time.perf_counter()
         events = self._admit()
         events += self._collect_tile()
+        if self.spec.on:
+            self.spec.propose([s for s in self.scheduler.running
+                               if not s.prefilling and s.n_pending == 1 and s.pool is None], self.n_ctx)
         plan = self.scheduler.plan(self.slots.share(self.scheduler.running), self.images.__contains__,
                                    self.encoder is not None and self.encoder.idle())
         if plan.encode_first is not None:
@@ -180,10 +202,12 @@ class Engine:
                 self.memory.undo_step(cells, seqs)
             return events + [self._fail(c.seq, f"the step failed: {e}") for c in plan.chunks]
         self.memory.end_step(seqs, counts, [c.seq.slot for c in plan.chunks if c.start + c.n in c.seq.state_points])
+        first = np.cumsum([0] + counts)
+        cells_of = {id(c): cells[first[i]:first[i + 1]] for i, c in enumerate(plan.chunks) if c.draft}
         for c in plan.chunks:
-            c.seq.n_computed += c.n
+            c.seq.n_computed += c.n          # a drafted chunk takes back its rejected rows (_verify)
         self.scheduler.observe(batch.n, self.runner.last_compute_seconds)
-        events += self._sample(batch.out_chunks, logits)
+        events += self._sample(batch.out_chunks, logits, cells_of)
         events += self._pool(batch, self.runner.last_hidden)
         self.last_step_seconds = time.perf_counter() - t0
         return events
@@ -196,18 +220,51 @@ class Engine:
                 events.append(self._end(seq, None, "length"))
         return events
 
-    def _sample(self, chunks, logits) -> list[TokenEvent]:
-        """Sample each output row; a row that is not finite ends its request alone."""
+    def _sample(self, chunks, logits, cells_of: dict) -> list[TokenEvent]:
+        """Sample each output row (all rows of a drafted chunk: _verify); a chunk
+        with a row that is not finite ends its request alone."""
         if not chunks:
             return []
         finite = np.isfinite(logits.max(axis=1))      # a NaN or +inf anywhere in a row shows in its max
-        events = []
-        if not finite.all():
-            events = [self._fail(c.seq, "the model produced non-finite logits")
-                      for c, f in zip(chunks, finite) if not f]
-            chunks, logits = [c for c, f in zip(chunks, finite) if f], logits[finite]
-        results = sample_batch(logits, [c.seq.sampler for c in chunks]) if chunks else []
-        return events + [self._on_token(c.seq, r) for c, r in zip(chunks, results)]
+        events, plain, rows, drafted, row = [], [], [], [], 0
+        for c in chunks:
+            n = c.n if c.draft else 1
+            if not finite[row:row + n].all():
+                events.append(self._fail(c.seq, "the model produced non-finite logits"))
+            elif c.draft:
+                drafted.append((c, logits[row:row + n]))
+            else:
+                plain.append(c)
+                rows.append(row)
+            row += n
+        if plain:
+            results = sample_batch(logits if len(rows) == len(logits) else logits[rows],
+                                   [c.seq.sampler for c in plain])
+            events += [self._on_token(c.seq, r) for c, r in zip(plain, results)]
+        for c, rows_logits in drafted:
+            events += self._verify(c, rows_logits, cells_of[id(c)])
+        return events
+
+    def _verify(self, c, logits, cells) -> list[TokenEvent]:
+        """A drafted chunk: its rows sampled in order, each with the sampler state the
+        tokens before it left, while the token equals the drafted one (the last row's
+        token comes after the whole draft); the rows after the last token sampled
+        leave the KV cache (server/speculative.py)."""
+        seq, draft = c.seq, c.draft
+        results, reason = [], None
+        for j in range(len(draft) + 1):
+            r = sample_batch(logits[j:j + 1], [seq.sampler])[0]
+            results.append(r)
+            reason = self._take(seq, r)
+            if reason is not None or j == len(draft) or r.token != draft[j]:
+                break
+        accepted = sum(1 for r, d in zip(results, draft) if r.token == d)
+        self.spec.record(seq, len(draft), accepted)
+        if len(results) < c.n:
+            self.memory.drop(cells[len(results):])
+            seq.n_computed -= c.n - len(results)
+        events = [self._event(seq, r, None) for r in results[:-1]]
+        return events + [self._on_token(seq, results[-1], reason)]
 
     def _pool(self, batch, hidden) -> list[TokenEvent]:
         """Embedding chunks: their rows' hidden states go to their pools; a chunk that
@@ -279,19 +336,30 @@ class Engine:
             return max(1, self.n_threads - BACKGROUND_THREADS)
         return self.n_threads
 
-    def _on_token(self, seq: Sequence, r) -> TokenEvent:
+    def _take(self, seq: Sequence, r) -> str | None:
+        """A sampled token joins its sequence. -> why the sequence ends now, or None."""
         seq.tokens.append(r.token)
         seq.n_generated += 1
         seq.sampler.accept(r.token)
-        reason = None
         if self.tokenizer.is_eog(r.token) and not seq.request.ignore_eos:
-            reason = "stop"
-        elif seq.n_generated >= seq.request.max_tokens or len(seq.tokens) >= self.n_ctx:
-            reason = "length"
+            return "stop"
+        if seq.n_generated >= seq.request.max_tokens or len(seq.tokens) >= self.n_ctx:
+            return "length"
+        return None
+
+    def _on_token(self, seq: Sequence, r, reason: str | None = ...) -> TokenEvent:
+        """The event of a sampled token (taken here unless given its reason); a
+        sequence that ends leaves its slot."""
+        if reason is ...:
+            reason = self._take(seq, r)
         if reason is not None:
             self.scheduler.remove(seq.id)
             self._leave(seq, keep=True)
-        return TokenEvent(seq.id, r.token, r.logprob, r.top, reason, seq.n_prompt, seq.n_cached)
+        return self._event(seq, r, reason)
+
+    def _event(self, seq: Sequence, r, reason: str | None) -> TokenEvent:
+        return TokenEvent(seq.id, r.token, r.logprob, r.top, reason, seq.n_prompt, seq.n_cached,
+                          n_draft=seq.n_draft, n_draft_accepted=seq.n_draft_accepted)
 
     def _end(self, seq: Sequence, token, reason, error: str | None = None) -> TokenEvent:
         self.scheduler.remove(seq.id)
@@ -336,6 +404,7 @@ class Engine:
         return "\n".join(lines)
 
     def close(self):
+        self.spec.close()
         self.runner.close()
         if self.encoder is not None:
             self.encoder.close()

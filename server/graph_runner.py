@@ -86,7 +86,7 @@ class GraphRunner:
         n_out = len(out_rows)
         all_out = n_out == n
         ubatches = self.parity.ubatches(batch.chunks)
-        calls = self.parity.attention_calls(batch.seq_ids, ubatches, kv.view_for)
+        calls = self.parity.attention_calls(batch.seq_ids, ubatches, kv.view_for, cells)
         threads = self.parity.n_threads(calls, n_threads, self.full_threads)
         if threads != self.backend.n_threads:
             self.backend.set_n_threads(threads)

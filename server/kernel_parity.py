@@ -73,12 +73,15 @@ class KernelParity:
                               c.seq.request.turn_starts) for c in chunks]
         return np.concatenate([u[0] for u in solo]), np.concatenate([u[1] for u in solo])
 
-    def attention_calls(self, seq_ids: np.ndarray, ubatches, view_for) -> list[tuple[int, int, int, int, int]]:
+    def attention_calls(self, seq_ids: np.ndarray, ubatches, view_for, cells=None) -> list[tuple[int, int, int, int, int]]:
+        """view_for(seq, upto=None): the cells llama.cpp attends over for seq alone
+        (when its last cell is `upto`); cells: each row's cell."""
         if not self.enabled:      # one call over every cell the batch's sequences use
             views = [view_for(s) for s in set(seq_ids.tolist())]
             n = len(seq_ids)
             return [(0, n, min(v[0] for v in views), max(v[1] for v in views), n)]
-        return attention_calls(seq_ids, ubatches[1] >= FA_TILED_MIN_ROWS, view_for)
+        return attention_calls(seq_ids, ubatches[1] >= FA_TILED_MIN_ROWS, view_for,
+                               None if cells is None else np.where(ubatches[1] == 1, cells, -1))
 
     def n_threads(self, calls, preferred: int, full: int) -> int:
         """Threads for a step: ggml's split flash-attention kernel (one query row
@@ -224,7 +227,8 @@ def _chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(size, end - a)) for a in range(start, end, size)]
 
 
-def attention_calls(seq_ids: np.ndarray, tiled: np.ndarray, view_for) -> list[tuple[int, int, int, int, int]]:
+def attention_calls(seq_ids: np.ndarray, tiled: np.ndarray, view_for,
+                    solo_cells=None) -> list[tuple[int, int, int, int, int]]:
     """(first row, end row, first cell, end cell, rows incl. padding) per flash-attention call.
 
     Why: every row must be computed by the kernel llama.cpp uses for it when
@@ -241,12 +245,18 @@ def attention_calls(seq_ids: np.ndarray, tiled: np.ndarray, view_for) -> list[tu
       several sequences share a call (< 64 rows, over the union of their cell
       ranges, when the ranges lie close together) and each still gets exactly
       its solo result.
+    - rows that are ubatches of their own (generated tokens: `solo_cells` gives
+      their cell, -1 for the others; several of one sequence when drafted tokens
+      are verified): each a run of its own, over the cells llama.cpp's step for it
+      would see, up to its own cell.
     """
     runs, t0 = [], 0
     ids, tl = seq_ids.tolist(), tiled.tolist()
+    solo = [-1] * len(ids) if solo_cells is None else solo_cells.tolist()
     for t1 in range(1, len(ids) + 1):
-        if t1 == len(ids) or ids[t1] != ids[t0] or tl[t1] != tl[t0]:
-            runs.append((t0, t1) + view_for(ids[t0]) + (bool(tl[t0]),))
+        if t1 == len(ids) or ids[t1] != ids[t0] or tl[t1] != tl[t0] or max(solo[t0], solo[t1]) >= 0:
+            view = view_for(ids[t0], solo[t0]) if solo[t0] >= 0 else view_for(ids[t0])
+            runs.append((t0, t1) + view + (bool(tl[t0]),))
             t0 = t1
     calls, group = [], []
 

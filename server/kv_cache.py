@@ -242,11 +242,12 @@ class KVCache:
 
     # -- per-step graph inputs -----------------------------------------------------
 
-    def view_for(self, seq: int) -> tuple[int, int]:
+    def view_for(self, seq: int, upto: int | None = None) -> tuple[int, int]:
         """The cell range [c0, c1) llama.cpp would attend over for seq running alone:
-        from its first cell, the cells it spans padded to N_KV_PAD."""
+        from its first cell, the cells it spans padded to N_KV_PAD (up to cell
+        `upto` when given: a drafted row sees what its own decode step would)."""
         lo, last = self._extent_of(seq)
-        hi = last + 1
+        hi = (last if upto is None else upto) + 1
         n = min(self.size, max(N_KV_PAD, -(-(hi - lo) // N_KV_PAD) * N_KV_PAD))
         c0 = min(lo, self.size - n)
         return c0, c0 + n

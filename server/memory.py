@@ -113,6 +113,12 @@ class Memory:
             self.recurrent.advance(seqs, counts)
             self.recurrent.snapshot(save)
 
+    def drop(self, cells: np.ndarray) -> None:
+        """Cells a step wrote that its sequence does not keep (rejected drafted tokens,
+        the last of their sequence's cells) are free again. Only without recurrent
+        state, which cannot be cut back (cuts_anywhere)."""
+        self.kv.rollback(cells)
+
     def undo_step(self, cells: np.ndarray, seqs: list[int]) -> None:
         """The step failed: its cells are free and each state is as before it (the
         live state was only read)."""

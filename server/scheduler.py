@@ -37,6 +37,7 @@ class Chunk:
     start: int          # index into seq.tokens
     n: int
     wants_logits: bool  # the chunk reaches the end of the known tokens
+    draft: tuple = ()   # drafted tokens after the pending one (the chunk's last len(draft) rows)
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,9 @@ class Scheduler:
         chunks = []
         for s in self.running:
             if not s.prefilling and s.n_pending == 1 and budget > 0:
-                chunks.append(Chunk(s, s.n_computed, 1, True))
-                budget -= 1
+                draft = s.draft[:budget - 1]       # a drafted token is one more row (speculative.py)
+                chunks.append(Chunk(s, s.n_computed, 1 + len(draft), True, draft))
+                budget -= 1 + len(draft)
         full = budget
         if chunks and max_rows is not None:
             budget = min(budget, max(MIN_PROMPT_ROWS, max_rows - len(chunks)))

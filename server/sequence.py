@@ -38,6 +38,9 @@ class TokenEvent:
     n_cached: int
     error: str | None = None
     embedding: np.ndarray | None = None   # an embedding request's result (server/pooling.py Pool.result)
+    # speculative decoding: the request's drafted tokens so far, and how many were accepted
+    n_draft: int = 0
+    n_draft_accepted: int = 0
 
 
 class Sequence:
@@ -56,6 +59,10 @@ class Sequence:
         # prompt positions a chunk must end at, to save the recurrent state there (Memory.state_points)
         self.state_points: tuple[int, ...] = ()
         self.pool = None      # server/pooling.Pool of an embedding request (the engine sets it)
+        # speculative decoding (server/speculative.py): this step's drafted tokens, and the counts
+        self.draft: tuple[int, ...] = ()
+        self.n_draft = 0
+        self.n_draft_accepted = 0
         self.n_pos = 1 if request.positions is None else request.positions.shape[0]
         # generated tokens continue after the prompt's last position in every dimension
         # (as mtmd's n_past: a prompt ending on an image goes on at p0 + max(grid w, h)),
