@@ -227,3 +227,16 @@ def test_cache_reuse_is_refused_with_its_reason_and_cache_ram_below_minus_one_to
         config_from_args(serve_parser().parse_args(["--cache-ram", "-2"]))
     with pytest.raises(SystemExit, match="--slot-prompt-similarity"):
         config_from_args(serve_parser().parse_args(["-sps", "1.5"]))
+
+
+def test_evicting_an_idle_slot_frees_its_cells_and_keeps_its_prefix_in_host_ram(engine_1slot):
+    e = engine_1slot
+    e.clear_cache()
+    a = e.tokenizer.encode(SYSTEM + " Alice asks: what colour is grass?")
+    out, lp, _ = _turn(e, "a", a)
+    used = e.memory.n_used
+    assert used == len(a) + len(out) - 1 and e.slots.evict_idle()
+    assert e.memory.n_used == 0 and not e.slots.evict_idle()           # nothing idle holds cells now
+    again = a + out + e.tokenizer.encode(" And snow?")
+    _, _, cached = _turn(e, "a2", again)
+    assert cached == used
