@@ -189,7 +189,7 @@ cdef extern from "ggml-backend.h":
     void ggml_backend_buffer_free(ggml_backend_buffer_t buffer)
     void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer)
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
-    void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value)
+    void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) nogil
     cbool ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)
     void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, ggml_backend_buffer_usage usage)
 
@@ -203,7 +203,7 @@ cdef extern from "ggml-backend.h":
 
     const char * ggml_backend_dev_name(ggml_backend_dev_t device)
     const char * ggml_backend_dev_description(ggml_backend_dev_t device)
-    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total) nogil
     int ggml_backend_dev_type(ggml_backend_dev_t device)
     ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device)
     ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params)

@@ -110,7 +110,8 @@ cdef class Device:
     def memory(self):
         """(free, total) bytes as the device reports them."""
         cdef size_t free = 0, total = 0
-        ggml_backend_dev_memory(self.dev, &free, &total)
+        with nogil:       # an RPC device asks its worker (which may be lost: rpc_lost)
+            ggml_backend_dev_memory(self.dev, &free, &total)
         return free, total
 
     def __repr__(self):
@@ -163,8 +164,10 @@ cdef class Buffer:
         return ggml_backend_buffer_get_size(self.buf) if self.buf != NULL else 0
 
     def clear(self, int value=0):
+        cdef unsigned char v = value
         if self.buf != NULL:
-            ggml_backend_buffer_clear(self.buf, value)
+            with nogil:
+                ggml_backend_buffer_clear(self.buf, v)
 
     def __getitem__(self, name):
         return self.tensors[name]

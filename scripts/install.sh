@@ -5,14 +5,19 @@
 # compiled against it. GGML_CMAKE_ARGS="-DGGML_CUDA=ON" builds it for CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Debian's chromium and chromedriver, for the chat page's browser tests (tests/test_webui.py)
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+# Debian packages the tests use: chromium and chromedriver for the chat page's browser
+# tests (tests/test_webui.py), nginx for the replica recipe (tests/test_deploy_nginx.py)
+APT=()
+command -v chromium >/dev/null || APT+=(chromium)
+command -v chromedriver >/dev/null || APT+=(chromium-driver)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || APT+=(nginx)
+if [ ${#APT[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO="sudo -n"; fi
     if command -v apt-get >/dev/null && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
         $SUDO apt-get update -q
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium chromium-driver >/dev/null
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${APT[@]}" >/dev/null
     else
-        echo "install.sh: no chromium/chromedriver and no apt-get as root: the browser tests will be skipped" >&2
+        echo "install.sh: no ${APT[*]} and no apt-get as root: their tests will be skipped" >&2
     fi
 fi
 PY=${PYTHON:-python3}

@@ -262,6 +262,9 @@ def serve(argv: list[str]) -> int:
                 ggml.rpc_hello(endpoint)
             except (ConnectionError, ValueError) as e:
                 raise SystemExit(f"ggserve serve: --rpc: {e}")
+        if cfg.n_gpu_layers <= 0:
+            print("ggserve serve: --rpc without -ngl: no layer goes to the workers (-ngl 99: all of them)",
+                  file=sys.stderr)
 
     import uvicorn
 

@@ -29,7 +29,7 @@ log = logging.getLogger("ggserve.server")
 # With RPC workers: how often a call waiting on the engine thread checks whether a
 # worker was lost, and how often an idle engine asks its workers (so /health knows)
 WATCH_SECONDS = 0.25
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 2.0
 
 
 class WorkerLost(Exception):

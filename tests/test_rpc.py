@@ -84,15 +84,21 @@ def workers(tmp_path_factory):
     w.close()
 
 
-@pytest.fixture(scope="module")
-def rpc_server(workers, smollm2_path, tmp_path_factory):
+def serve_rpc(workers: Workers, model: str, log_path: pathlib.Path):
+    """`ggserve serve --rpc` on the workers, every layer there, half each; (url, process)."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = subprocess.Popen([GGSERVE, "serve", "-m", smollm2_path, "--port", str(port), *SERVE_ARGS,
+    proc = subprocess.Popen([GGSERVE, "serve", "-m", model, "--port", str(port), *SERVE_ARGS,
                              "--rpc", ",".join(workers.endpoints), "-ngl", "99", "-ts", "1,1"],
                             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: httpx.get(url + "/health").status_code == 200, "ggserve serve --rpc", proc)
+    return url, proc
+
+
+@pytest.fixture(scope="module")
+def rpc_server(workers, smollm2_path, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    url, proc = serve_rpc(workers, smollm2_path, log_path)
     yield url, proc, log_path
     stop(proc)
 
@@ -168,6 +174,34 @@ def test_rpc_server_help_warns_no_authentication():
     assert "default: 127.0.0.1" in r.stdout
 
 
+LLAMA_RPC_SERVER = os.environ.get("GGSERVE_LLAMA_RPC_SERVER")     # llama.cpp's rpc-server (ggml-rpc-server)
+
+
+@pytest.mark.skipif(not LLAMA_RPC_SERVER, reason="GGSERVE_LLAMA_RPC_SERVER (llama.cpp's rpc-server binary) not set")
+def test_llama_cpp_rpc_servers_answer_as_local(smollm2_path, tmp_path):
+    """Interoperability: workers that are llama.cpp's own rpc-server (same ggml, build 11434)."""
+    from ggserve.server.engine import Engine
+    from engine_helpers import generate
+
+    eps = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    procs = [subprocess.Popen([LLAMA_RPC_SERVER, "-p", ep.split(":")[1], "-t", "1"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for ep in eps]
+    try:
+        for ep, p in zip(eps, procs):
+            wait_for(lambda: ggml.rpc_hello(ep), f"llama.cpp rpc-server {ep}", p, 60)
+        runs = {}
+        for name, kw in (("local", {}), ("rpc", {"rpc": tuple(eps), "n_gpu_layers": 99, "tensor_split": (1, 1)})):
+            e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, **kw)
+            runs[name] = [[(ev.token, ev.top_logprobs) for ev in generate(e, {"r": CASES[k]["prompt_ids"]},
+                                                                             len(CASES[k]["generated_ids"]))["r"]]
+                          for k in DEFAULT_KEYS]
+            e.close()
+        assert runs["rpc"] == runs["local"]
+    finally:
+        for p in procs:
+            stop(p)
+
+
 def test_worker_killed_mid_stream_ends_stream_with_error(rpc_server, workers):
     """Runs last: it kills a worker of the module's server."""
     url, proc, _ = rpc_server
@@ -193,3 +227,24 @@ def test_worker_killed_mid_stream_ends_stream_with_error(rpc_server, workers):
     again = httpx.post(url + "/v1/completions", timeout=10, json={"prompt": "Hi", "max_tokens": 4})
     assert again.status_code == 503 and again.json()["error"]["code"] == "worker_lost"
     assert time.monotonic() - t_end < 20
+
+
+def test_worker_lost_while_idle_shows_in_health(smollm2_path, tmp_path):
+    """An idle server asks its workers every couple of seconds (Service.HEARTBEAT_SECONDS)."""
+    w = Workers(2, tmp_path)
+    try:
+        url, proc = serve_rpc(w, smollm2_path, tmp_path / "serve.log")
+        try:
+            w.procs[0].kill()
+            deadline = time.monotonic() + 15
+            while (health := httpx.get(url + "/health", timeout=5)).status_code == 200:
+                assert time.monotonic() < deadline, "/health did not notice the lost worker"
+                time.sleep(0.2)
+            assert health.status_code == 503
+            assert f"RPC worker {w.endpoints[0]} lost" in health.json()["error"]["message"]
+            proc.terminate()                   # and it still shuts down
+            assert proc.wait(20) != 0
+        finally:
+            stop(proc)
+    finally:
+        w.close()
