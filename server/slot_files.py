@@ -89,7 +89,10 @@ def save(path: str, snap: Snapshot, model: str, layout: dict) -> int:
     header = json.dumps({"model": model, "layout": layout, "n_tokens": snap.n,
                          "states": sorted(snap.states or {}), "body_sha256": digest.hexdigest()}).encode()
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise SlotFileError(f"cannot write slot file {os.path.basename(path)!r}: {e.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + struct.pack("<II", FORMAT_VERSION, len(header)) + header)
@@ -97,9 +100,11 @@ def save(path: str, snap: Snapshot, model: str, layout: dict) -> int:
                 f.write(p)
             n = f.tell()
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):          # a folder of that name, a full disk
+            raise SlotFileError(f"cannot write slot file {os.path.basename(path)!r}: {e.strerror}") from None
         raise
     return n
 

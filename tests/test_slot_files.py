@@ -139,6 +139,15 @@ def test_a_filename_outside_the_folder_is_refused(server, name):
         assert r.status_code == 400 and "plain file name" in r.json()["error"]["message"]
 
 
+def test_saving_over_a_folder_is_refused(server, saved):
+    os.mkdir(saved[0] / "a-folder")
+    _chat(server.url)
+    busy = next(s["id"] for s in httpx.get(server.url + "/slots").json() if s.get("n_prompt_tokens"))
+    r = _slot_action(server.url, busy, "save", "a-folder")
+    assert r.status_code == 400 and "cannot write" in r.json()["error"]["message"]
+    assert os.path.isdir(saved[0] / "a-folder")
+
+
 def test_a_link_inside_the_folder_is_not_followed(server, saved):
     os.symlink("/etc/hostname", saved[0] / "link.bin")
     assert "cannot open" in _refused(server, "link.bin")
