@@ -78,12 +78,12 @@ class GraphRunner:
         n = batch.n
         is_token = batch.tokens >= 0
         n_tok = int(is_token.sum())
-        out_rows, n_logits = batch.out_rows, len(batch.out_rows)
-        n_logit_rows = None            # rows of the LM head, when it skips embedding rows
-        if len(batch.hidden_rows):
-            out_rows = np.union1d(batch.out_rows, batch.hidden_rows).astype(np.int32)
-            n_logit_rows = max(1, n_logits)
-        n_out = len(out_rows)
+        n_logits = len(batch.out_rows)
+        # with embedding rows every row is an output, as in llama.cpp with embeddings on (the
+        # last layer computes each row with its own ubatch's kernel, a subset would take the
+        # solo one), and the LM head takes the logits rows alone
+        n_logit_rows = max(1, n_logits) if len(batch.hidden_rows) else None
+        n_out = n if n_logit_rows else n_logits
         all_out = n_out == n
         ubatches = self.parity.ubatches(batch.chunks)
         calls = self.parity.attention_calls(batch.seq_ids, ubatches, kv.view_for, cells)
@@ -101,10 +101,9 @@ class GraphRunner:
         if n_tok:
             values["tokens"] = batch.tokens[is_token].astype(np.int32)
         if not all_out:
-            values["out_ids"] = out_rows if n_out else np.zeros(1, np.int32)
+            values["out_ids"] = batch.out_rows if n_out else np.zeros(1, np.int32)
         if n_logit_rows is not None:
-            values["logit_rows"] = np.searchsorted(out_rows, batch.out_rows).astype(np.int32) \
-                if n_logits else np.zeros(1, np.int32)
+            values["logit_rows"] = batch.out_rows if n_logits else np.zeros(1, np.int32)
         blocks = self._image_blocks(batch.images) if batch.images else None
         if blocks:
             for name, _, lo, hi in blocks:
@@ -135,7 +134,7 @@ class GraphRunner:
             out = built.logits.read()
             self.last_hidden = None
             if built.hidden is not None:
-                self.last_hidden = built.hidden.read().reshape(n_out, -1)[np.searchsorted(out_rows, batch.hidden_rows)]
+                self.last_hidden = built.hidden.read().reshape(n, -1)[batch.hidden_rows]
         finally:
             if blocks:       # image steps are one of a kind: not kept
                 built.graph.close()

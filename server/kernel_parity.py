@@ -69,8 +69,9 @@ class KernelParity:
         """Per row of the batch: (first position, rows) of its solo ubatch."""
         if not self.enabled:
             return None
-        solo = [solo_ubatches(np.arange(c.start, c.start + c.n), c.seq.n_prompt, c.seq.images, self.checkpoints,
-                              c.seq.request.turn_starts) for c in chunks]
+        # (llama-server saves checkpoints, and cuts batches for them, for completions only: not embeddings)
+        solo = [solo_ubatches(np.arange(c.start, c.start + c.n), c.seq.n_prompt, c.seq.images,
+                              self.checkpoints and c.seq.pool is None, c.seq.request.turn_starts) for c in chunks]
         return np.concatenate([u[0] for u in solo]), np.concatenate([u[1] for u in solo])
 
     def attention_calls(self, seq_ids: np.ndarray, ubatches, view_for, cells=None) -> list[tuple[int, int, int, int, int]]:
