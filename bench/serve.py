@@ -56,7 +56,7 @@ def _load_common():
 common = _load_common()                     # bench/common.py
 
 GG, LL = "ggserve", "llama-server"
-TEXT_WORKLOADS = ("text", "prefix")
+TEXT_WORKLOADS = ("text", "prefix", "edit", "story")    # edit/story: where drafting pays / does not
 IMAGE_WORKLOADS = ("image-new", "image-repeat")
 CHAT_WORKLOADS = ("chat-users",)          # run_chat_users: N users (= concurrency), K turns each
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
@@ -67,6 +67,7 @@ METRICS = [
     ("requests_per_s", "req/s", "{:.2f}", "higher"),
     ("ttft_p50_ms", "TTFT p50", "{:.0f}", "lower"),
     ("ttft_p99_ms", "TTFT p99", "{:.0f}", "lower"),
+    ("decode_tps_p50", "decode tok/s", "{:.1f}", "higher"),
     ("itl_p50_ms", "ITL p50", "{:.1f}", "lower"),
     ("itl_p99_ms", "ITL p99", "{:.1f}", "lower"),
     ("itl_max_ms", "ITL max", "{:.0f}", "lower"),
@@ -118,6 +119,28 @@ def text_messages(tag: str, i: int) -> list[dict]:
     rng = random.Random(f"text-{tag}")
     body = _words(rng, TEXT_LENGTHS[name])
     return [{"role": "user", "content": f"[{tag}] Summarize these notes:\n{body}"}]
+
+
+EDIT_TEXT = (
+    "The city council met on Tuesday to discuss the new budget. The mayor proposed to increase funding "
+    "for public parks, libraries and road repairs, while reducing spending on administrative costs. "
+    "Several council members raised concerns about the timeline for the road repairs, which they said "
+    "had been delayed twice already. After a long debate, the council voted seven to two in favour of "
+    "the budget, which will take effect at the start of next month. The mayor thanked the council and "
+    "promised a report on the road repairs before the end of the year.")
+
+
+def edit_messages(tag: str) -> list[dict]:
+    """Editing a given text: the answer mostly copies the prompt, so drafts from
+    prompt lookup (speculative decoding) are accepted."""
+    return [{"role": "user", "content": f"[{tag}] Rewrite the following text, replacing 'council' with "
+                                        f"'board'. Keep everything else exactly the same.\n\n{EDIT_TEXT}"}]
+
+
+def story_messages(tag: str) -> list[dict]:
+    """A free story: little of the answer is in the prompt (drafts rarely pay)."""
+    topic = _words(random.Random(f"story-{tag}"), 6)
+    return [{"role": "user", "content": f"[{tag}] Write a short story about a dragon, with these words: {topic}"}]
 
 
 def prefix_messages(tag: str) -> list[dict]:
@@ -179,6 +202,10 @@ def make_messages(workload: str, rnd: int, c: int, n: int, images: ImageSet | No
         return [text_messages(t, i) for i, t in enumerate(tags)]
     if workload == "prefix":
         return [prefix_messages(t) for t in tags]
+    if workload == "edit":
+        return [edit_messages(t) for t in tags]
+    if workload == "story":
+        return [story_messages(t) for t in tags]
     if workload == "image-new":
         return [image_messages(images, images.fresh(i, t), t) for i, t in enumerate(tags)]
     if workload == "image-repeat":
@@ -706,7 +733,9 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds (default 2)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     ap.add_argument("--workloads", default="text,prefix,image-new,image-repeat",
-                    help="subset of text,prefix,image-new,image-repeat,chat-users (image ones need "
+                    help="subset of text,prefix,edit,story,image-new,image-repeat,chat-users (edit: "
+                         "rewriting a given text, where speculative decoding pays; story: where it does "
+                         "not; image ones need "
                          "--mmproj and --images; chat-users: as many users as the concurrency, "
                          "--turns each, --think seconds between turns, growing history)")
     ap.add_argument("--turns", type=int, default=6, help="chat-users: turns per user (default 6)")

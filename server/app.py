@@ -69,6 +69,7 @@ class ServerConfig:
     embeddings: bool = False                  # --embeddings: /v1/embeddings, /embeddings, /embedding
     pooling: str | None = None                # --pooling (None: the GGUF's)
     embd_normalize: int = 2                   # --embd-normalize: a request's default
+    spec: object = None                       # server/speculative.SpecConfig (None: none)
 
 
 def load_engine(cfg: ServerConfig):
@@ -92,7 +93,7 @@ def load_engine(cfg: ServerConfig):
                     max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
                     slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb,
                     embeddings=cfg.embeddings, pooling=cfg.pooling,
-                    rpc=cfg.rpc, tensor_split=cfg.tensor_split)
+                    rpc=cfg.rpc, tensor_split=cfg.tensor_split, spec=cfg.spec)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:

@@ -13,6 +13,7 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
+from ggserve.server.speculative import TYPES, SpecConfig
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
 
@@ -131,6 +132,7 @@ def serve_parser() -> argparse.ArgumentParser:
     _flag(p, "-ts", "--tensor-split", env="LLAMA_ARG_TENSOR_SPLIT", metavar="N0,N1,...", dest="tensor_split",
           help="share of the offloaded layers per device, in device order (RPC workers, then GPUs), "
                "e.g. 3,1; default: by free memory")
+    _spec_flags(p)
     _flag(p, "--host", env="LLAMA_ARG_HOST", default="127.0.0.1", metavar="HOST",
           help="IP address to listen on")
     _flag(p, "--port", env="LLAMA_ARG_PORT", type=int, default=8080, metavar="PORT",
@@ -176,6 +178,42 @@ def serve_parser() -> argparse.ArgumentParser:
     _flag(p, "-v", "--verbose", env="LLAMA_ARG_VERBOSE", flag=True,
           help="debug logging")
     return p
+
+
+def _spec_flags(p) -> None:
+    """Speculative decoding (server/speculative.py, docs/server.md), llama-server's names."""
+    _flag(p, "--spec-type", env="LLAMA_ARG_SPEC_TYPE", choices=list(TYPES), metavar="TYPE",
+          help="speculative decoding, lossless (greedy and seeded answers equal the plain ones): "
+               "ngram (prompt lookup: drafts what followed the last 3-5 tokens earlier in the "
+               "text; the default), ngram-simple (llama.cpp's), draft-simple (-md), none")
+    _flag(p, "-md", "--model-draft", "--spec-draft-model", env="LLAMA_ARG_MODEL_DRAFT", metavar="FNAME",
+          dest="model_draft", help="draft model for speculative decoding (same vocabulary; sets draft-simple)")
+    _flag(p, "--spec-draft-n-max", "--draft-max", "--draft-n", env="LLAMA_ARG_DRAFT_MAX", type=int,
+          metavar="N", dest="draft_max", help="most tokens drafted per step (default: 8 for ngram, 3 with -md)")
+    _flag(p, "--spec-draft-n-min", "--draft-min", env="LLAMA_ARG_DRAFT_MIN", type=int, default=0,
+          metavar="N", dest="draft_min", help="drafts shorter than this are not verified")
+    _flag(p, "--spec-draft-p-min", "--draft-p-min", env="LLAMA_ARG_DRAFT_P_MIN", type=float, default=0.0,
+          metavar="P", dest="draft_p_min", help="the draft model stops where its best token is less likely")
+    _flag(p, "-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft",
+          env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", type=int, default=0, metavar="N", dest="gpu_layers_draft",
+          help="draft model layers on the GPU")
+    _flag(p, "--spec-ngram-simple-size-n", env="LLAMA_ARG_SPEC_NGRAM_SIMPLE_SIZE_N", type=int, default=12,
+          metavar="N", dest="simple_n", help="ngram-simple: length of the n-gram looked up")
+    _flag(p, "--spec-ngram-simple-size-m", env="LLAMA_ARG_SPEC_NGRAM_SIMPLE_SIZE_M", type=int, default=48,
+          metavar="N", dest="simple_m", help="ngram-simple: most tokens drafted after it")
+
+
+def _spec_config(args):
+    kind = args.spec_type or ("draft-simple" if args.model_draft else "ngram")
+    if args.model_draft and not os.path.exists(args.model_draft):
+        raise SystemExit(f"ggserve serve: draft model file not found: {args.model_draft}")
+    try:
+        return SpecConfig(type=kind, n_max=args.draft_max, n_min=args.draft_min, p_min=args.draft_p_min,
+                          simple_n=args.simple_n, simple_m=args.simple_m,
+                          model_draft=args.model_draft if kind == "draft-simple" else None,
+                          n_gpu_layers_draft=args.gpu_layers_draft)
+    except ValueError as e:
+        raise SystemExit(f"ggserve serve: speculative decoding: {e}")
 
 
 def config_from_args(args):
@@ -241,6 +279,7 @@ def config_from_args(args):
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,
         embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
+        spec=_spec_config(args),
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,

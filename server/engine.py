@@ -90,7 +90,8 @@ class Engine:
         self.runner.reserve(n_batch, n_parallel, embeddings=embeddings)
         if self.vision is not None:
             self.vision.reserve()
-        self.spec = self._speculator(spec or SpecConfig(type="none"), n_ctx, n_batch, n_parallel)
+        self.spec = Speculator.build(spec or SpecConfig(type="none"), self.memory, self.tokenizer,
+                                     n_ctx=n_ctx, n_batch=n_batch, n_parallel=n_parallel, n_threads=self.n_threads)
         self.load_seconds = time.perf_counter() - t0
         self.last_step_seconds = 0.0
 
@@ -107,22 +108,6 @@ class Engine:
         return self.runner.last_compute_seconds
 
     # -- requests ----------------------------------------------------------------
-
-    def _speculator(self, config: SpecConfig, n_ctx: int, n_batch: int, n_parallel: int) -> Speculator:
-        if config.type != "none" and not self.memory.cuts_anywhere:
-            # rejected rows cannot be taken out of a recurrent state (server/speculative.py)
-            if config.type == "draft-simple":
-                raise ValueError("speculative decoding needs a model whose memory can drop rejected tokens; "
-                                 "this model has recurrent layers")
-            log.info("speculative decoding off: the model has recurrent layers")
-            config = SpecConfig(type="none")
-        draft = None
-        if config.type == "draft-simple":
-            from ggserve.server.draft_model import DraftModel
-            draft = DraftModel(config.model_draft, self.tokenizer, n_ctx=n_ctx, n_batch=n_batch,
-                               n_parallel=n_parallel, n_threads=self.n_threads,
-                               n_gpu_layers=config.n_gpu_layers_draft)
-        return Speculator(config, draft)
 
     def add(self, request: Request) -> None:
         """Queue a request. Its fields are checked here, once (sampling parameters
@@ -388,6 +373,11 @@ class Engine:
     def check_workers(self) -> None:
         """An idle engine's heartbeat: one round trip to each RPC worker."""
         self.loaded.check_workers()
+
+    def survive_worker_loss(self) -> None:
+        """A lost RPC worker leaves the process running from now on (the default is
+        to exit): for a caller that watches lost_worker and fails the requests."""
+        self.loaded.survive_worker_loss()
 
     def memory_report(self) -> str:
         lines = []

@@ -141,9 +141,9 @@ async def chat(api: API, request: Request) -> Response:
             choices.append(S.chat_choice(i, None if calls and not text else text, finish[i],
                                          lps[i] if req.logprobs else None,
                                          "".join(reasoning[i]), calls))
-        return JSONResponse(S.chat_completion(
+        return JSONResponse({**S.chat_completion(
             rid, model, created, choices,
-            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)))
+            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings})
 
     usage_on = req.include_usage
 
@@ -241,9 +241,9 @@ async def completions(api: API, request: Request) -> Response:
         choices = [S.completion_choice(i, "".join(texts[i]), finish[i],
                                        lp_obj(lps[i], len(echo[i])) if want_lp else None)
                    for i in range(n)]
-        return JSONResponse(S.completion(
+        return JSONResponse({**S.completion(
             rid, model, created, choices,
-            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)))
+            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings})
 
     usage_on = req.include_usage
 

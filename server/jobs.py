@@ -41,6 +41,7 @@ class Choice:
         self.n_tokens = 0
         self.n_prompt = 0
         self.n_cached = 0
+        self.n_draft = self.n_draft_accepted = 0     # speculative decoding: drafted, accepted tokens
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._text_len = 0      # characters decoded so far
@@ -49,6 +50,7 @@ class Choice:
 
     def feed(self, ev) -> Delta:
         self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
+        self.n_draft, self.n_draft_accepted = ev.n_draft, ev.n_draft_accepted
         out = ""
         if ev.token is not None:
             self.n_tokens += 1
@@ -151,3 +153,16 @@ class Job:
     @property
     def cached_tokens(self) -> int:
         return self.choices[0].n_cached
+
+    @property
+    def timings(self) -> dict:
+        """llama-server's `timings` of an answer: generated tokens, the time from the first
+        to the last, and with speculative decoding the drafted and accepted tokens."""
+        c = self.choices[0]
+        ms = (c.t_last - c.t_first) * 1000 if c.t_first is not None and c.t_last is not None else 0.0
+        out = {"prompt_n": self.prompt_tokens - self.cached_tokens, "predicted_n": self.completion_tokens,
+               "predicted_ms": ms, "predicted_per_second": (c.n_tokens - 1) * 1000 / ms if ms else 0.0}
+        n_draft = sum(x.n_draft for x in self.choices)
+        if n_draft:
+            out.update(draft_n=n_draft, draft_n_accepted=sum(x.n_draft_accepted for x in self.choices))
+        return out

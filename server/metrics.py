@@ -36,6 +36,16 @@ class Metrics:
             "ggserve_image_cache_hits_total", "Image tiles served from the embedding cache", registry=r)
         self.image_cache_misses = Gauge(
             "ggserve_image_cache_misses_total", "Image tiles that had to be encoded", registry=r)
+        # speculative decoding (llama-server's spec_decode_* counters), totals from the engine
+        self.spec_draft = Gauge(
+            "ggserve_spec_decode_num_draft_tokens_total", "Speculative: tokens drafted", registry=r)
+        self.spec_accepted = Gauge(
+            "ggserve_spec_decode_num_accepted_tokens_total", "Speculative: drafted tokens the target accepted",
+            registry=r)
+        self.spec_drafts = Gauge(
+            "ggserve_spec_decode_num_drafts_total", "Speculative: verification steps (drafts)", registry=r)
+        self.spec_rate = Gauge(
+            "ggserve_spec_decode_acceptance_rate", "Speculative: accepted / drafted tokens", registry=r)
         self.ttft = Histogram(
             "ggserve_time_to_first_token_seconds", "Time from request to first token",
             buckets=_LATENCY_BUCKETS, registry=r)
@@ -53,6 +63,11 @@ class Metrics:
         self.queue_depth.set(stats.get("waiting", 0))
         self.image_cache_hits.set(stats.get("image_cache_hits", 0))
         self.image_cache_misses.set(stats.get("image_cache_misses", 0))
+        drafted = stats.get("spec_draft_tokens", 0)
+        self.spec_draft.set(drafted)
+        self.spec_accepted.set(stats.get("spec_accepted_tokens", 0))
+        self.spec_drafts.set(stats.get("spec_drafts", 0))
+        self.spec_rate.set(stats.get("spec_accepted_tokens", 0) / drafted if drafted else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

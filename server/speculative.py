@@ -26,17 +26,23 @@ where the sequence is), so speculation is off for them.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
+log = logging.getLogger("ggserve.speculative")
+
 TYPES = ("none", "ngram", "ngram-simple", "draft-simple")
+# default draft lengths: llama.cpp's for a draft model (common.h, draft.n_max); ngram-simple
+# drafts up to its size_m, as llama.cpp's
+N_MAX = {"none": 0, "ngram": 8, "draft-simple": 3}
 
 
 @dataclass(frozen=True)
 class SpecConfig:
     type: str = "ngram"
-    n_max: int = 8           # most tokens drafted per step (--spec-draft-n-max)
+    n_max: int | None = None  # most tokens drafted per step (--spec-draft-n-max; None: N_MAX[type])
     n_min: int = 0           # shorter drafts are dropped (--spec-draft-n-min)
     p_min: float = 0.0       # draft model: stop where its top probability is lower (--spec-draft-p-min)
     ngram_min: int = 3       # ngram: shortest suffix looked up
@@ -49,6 +55,8 @@ class SpecConfig:
     def __post_init__(self):
         if self.type not in TYPES:
             raise ValueError(f"spec type {self.type!r} is not one of {', '.join(TYPES)}")
+        if self.n_max is None:
+            object.__setattr__(self, "n_max", self.simple_m if self.type == "ngram-simple" else N_MAX[self.type])
         if self.n_max < 0 or self.n_min < 0:
             raise ValueError("draft sizes must be >= 0")
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -102,6 +110,23 @@ class Speculator:
         self.n_drafted = 0          # tokens proposed
         self.n_accepted = 0         # of those, tokens the target agreed with
         self.n_steps = 0            # verification steps (chunks with a draft)
+
+    @classmethod
+    def build(cls, config: SpecConfig, memory, tokenizer, **draft_kw) -> "Speculator":
+        """The engine's speculator: off where the memory cannot drop rejected tokens
+        (recurrent state: refused when a draft model was asked for); draft_kw: the
+        draft model's n_ctx, n_batch, n_parallel, n_threads (as the target's)."""
+        if config.type != "none" and not memory.cuts_anywhere:
+            if config.type == "draft-simple":
+                raise ValueError("speculative decoding needs a model whose memory can drop rejected "
+                                 "tokens; this model has recurrent layers")
+            log.info("speculative decoding off: the model has recurrent layers")
+            config = SpecConfig(type="none")
+        draft = None
+        if config.type == "draft-simple":
+            from ggserve.server.draft_model import DraftModel
+            draft = DraftModel(config.model_draft, tokenizer, n_gpu_layers=config.n_gpu_layers_draft, **draft_kw)
+        return cls(config, draft)
 
     @property
     def on(self) -> bool:
