@@ -339,7 +339,10 @@ cdef class Backend:
     def reserve(self, Graph g):
         """Size the compute buffers for g (a worst-case graph) without running it."""
         cdef Device dv
-        if not ggml_backend_sched_reserve(self.sched, g.gf):
+        cdef bint ok
+        with nogil:
+            ok = ggml_backend_sched_reserve(self.sched, g.gf)
+        if not ok:
             raise MemoryError("cannot reserve compute memory for the worst-case graph")
         self._allocated = None
         for dv in self.devices:

@@ -222,7 +222,7 @@ cdef extern from "ggml-backend.h":
     ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends, ggml_backend_buffer_type_t * bufts,
                                                 int n_backends, size_t graph_size, cbool parallel, cbool op_offload)
     void ggml_backend_sched_free(ggml_backend_sched_t sched)
-    cbool ggml_backend_sched_reserve(ggml_backend_sched_t sched, ggml_cgraph * measure_graph)
+    cbool ggml_backend_sched_reserve(ggml_backend_sched_t sched, ggml_cgraph * measure_graph) nogil
     size_t ggml_backend_sched_get_buffer_size(ggml_backend_sched_t sched, ggml_backend_t backend)
     int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched)
     cbool ggml_backend_sched_alloc_graph(ggml_backend_sched_t sched, ggml_cgraph * graph) nogil

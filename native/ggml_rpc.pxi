@@ -20,21 +20,22 @@ _RPC_CONN_CAPS_SIZE = 24   # ggml-rpc/transport.h
 
 cdef char _rpc_lost[1024]
 cdef bint _rpc_lost_set = False
-cdef bint _rpc_connecting = False
+cdef bint _rpc_exit_on_loss = True
 
 
 cdef void _on_abort(const char * message) noexcept nogil:
     """ggml aborts the process when an RPC worker stops answering (ggml-rpc.cpp's
-    RPC_STATUS_ASSERT, on the dispatcher thread of that worker). The process must
-    live on to fail its requests and report the loss (`rpc_lost`), so that thread
-    is parked for good instead; the step waiting for it never returns and the
-    service stops using the engine. Every other abort stays an abort."""
+    RPC_STATUS_ASSERT, on the dispatcher thread of that worker). By default that
+    becomes a plain exit with status 1. After rpc_exit_on_loss(False) (a server that
+    fails its requests and reports the loss, `rpc_lost`) the thread is parked for
+    good instead: the call waiting for it never returns, the process lives on.
+    Every other abort stays an abort."""
     global _rpc_lost_set
     fputs(message, stderr)
     fputs("\n", stderr)
     if strstr(message, "ggml-rpc") == NULL:
         return                      # ggml calls abort() next
-    if _rpc_connecting:             # at start: a plain error exit, not a crash
+    if _rpc_exit_on_loss:
         fflush(stderr)
         _exit(1)
     if not _rpc_lost_set:
@@ -42,6 +43,14 @@ cdef void _on_abort(const char * message) noexcept nogil:
         _rpc_lost_set = True
     while True:
         sleep(3600)
+
+
+def rpc_exit_on_loss(bint on):
+    """Whether losing a worker ends the process (status 1, ggml's message; the
+    default) or parks the thread that noticed (see _on_abort). Returns the old value."""
+    global _rpc_exit_on_loss
+    old, _rpc_exit_on_loss = _rpc_exit_on_loss, on
+    return old
 
 
 def rpc_lost():
@@ -98,7 +107,6 @@ def _recv_exact(s, n):
 cdef list _rpc_devices(list endpoints):
     """The devices of each worker, in the order given (as llama.cpp lists them).
     Each endpoint is checked first (rpc_hello): ggml itself aborts on one it cannot reach."""
-    global _rpc_connecting
     cdef rpc_add_server_t add_server = <rpc_add_server_t>ggml_backend_reg_get_proc_address(
         _rpc_reg(), b"ggml_backend_rpc_add_server")
     cdef ggml_backend_reg_t reg
@@ -108,9 +116,9 @@ cdef list _rpc_devices(list endpoints):
     ggml_set_abort_callback(_on_abort)
     out = []
     for endpoint in endpoints:
-        _rpc_connecting = True
+        was = rpc_exit_on_loss(True)        # an error at start is an exit, whatever the mode
         reg = add_server(endpoint.encode())
-        _rpc_connecting = False
+        rpc_exit_on_loss(was)
         if reg == NULL:
             raise GGMLError(f"RPC worker {endpoint} offers no device")
         for i in range(ggml_backend_reg_dev_count(reg)):

@@ -162,6 +162,11 @@ class LoadedModel:
                 return f"RPC worker {endpoint} lost ({e.strerror or e})"
         return f"an RPC worker was lost ({why.strip()})"
 
+    def survive_worker_loss(self) -> None:
+        """From now on a lost RPC worker leaves the process running (lost_worker says
+        so) instead of ending it; for a caller that watches and fails its requests."""
+        ggml.rpc_exit_on_loss(False)
+
     def check_workers(self) -> None:
         for device in self.backend.devices:
             if device.endpoint:

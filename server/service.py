@@ -59,6 +59,7 @@ class Service:
         self.ready = False
         self.load_error: BaseException | None = None
         self.lost: str | None = None          # why the engine stopped for good (an RPC worker lost)
+        self._remote = False                  # does the engine run on RPC workers (which can be lost)?
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-engine")
         self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
         self._adds: list[tuple[Job, asyncio.Future]] = []
@@ -111,6 +112,9 @@ class Service:
         loop = asyncio.get_running_loop()
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load_engine)
+            self._remote = getattr(self.engine, "remote", False)
+            if self._remote:               # a lost worker is watched for from now on (_engine_call)
+                self.engine.survive_worker_loss()
             self.prompts = self._make_prompts(self.engine)
             from .grammar import Grammars
             self.grammars = Grammars(self.engine.tokenizer)
@@ -271,7 +275,7 @@ class Service:
             if self._calls:               # one came in while the others ran
                 return
             self._wake.clear()
-            if not self.engine.remote:
+            if not self._remote:
                 await self._wake.wait()
                 return
             try:
@@ -288,7 +292,7 @@ class Service:
         """fn(*args) on the engine thread. A call that waits on a lost RPC worker
         never returns (native/ggml_rpc.pxi): with workers, watch for that instead."""
         fut = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        if not self.engine.remote:
+        if not self._remote:
             return await fut
         while True:
             done, _ = await asyncio.wait({fut}, timeout=WATCH_SECONDS)
