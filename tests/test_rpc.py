@@ -171,6 +171,19 @@ def test_unreachable_worker_is_an_error_at_start(smollm2_path):
     assert time.monotonic() - t0 < 30
 
 
+def test_busy_worker_is_an_error_at_start(smollm2_path, tmp_path):
+    """A worker serves one client at a time: a second server is told so, not left hanging."""
+    w = Workers(1, tmp_path)
+    try:
+        with socket.create_connection(("127.0.0.1", int(w.endpoints[0].split(":")[1]))):   # the first client
+            r = subprocess.run([GGSERVE, "serve", "-m", smollm2_path, "--port", str(free_port()),
+                                "--rpc", w.endpoints[0], "-ngl", "99"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert f"RPC worker {w.endpoints[0]} is unreachable: no answer to the handshake" in r.stderr
+    finally:
+        w.close()
+
+
 def test_rpc_server_help_warns_no_authentication():
     r = subprocess.run([GGSERVE, "rpc-server", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
