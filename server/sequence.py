@@ -61,6 +61,7 @@ class Sequence:
         self.pool = None      # server/pooling.Pool of an embedding request (the engine sets it)
         # speculative decoding (server/speculative.py): this step's drafted tokens, and the counts
         self.draft: tuple[int, ...] = ()
+        self.draft_max: int | None = None     # its drafts' length limit (None: the configured one)
         self.n_draft = 0
         self.n_draft_accepted = 0
         self.n_pos = 1 if request.positions is None else request.positions.shape[0]

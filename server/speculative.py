@@ -139,7 +139,8 @@ class Speculator:
         room = {}
         for s in seqs:
             s.draft = ()
-            k = min(self.config.n_max, s.request.max_tokens - s.n_generated - 1, n_ctx - len(s.tokens))
+            k = min(self.config.n_max if s.draft_max is None else s.draft_max,
+                    s.request.max_tokens - s.n_generated - 1, n_ctx - len(s.tokens))
             if k > 0:
                 room[s] = k
         if not room:
@@ -158,6 +159,14 @@ class Speculator:
                 s.draft = tuple(int(t) for t in d)
 
     def record(self, seq, n_drafted: int, n_accepted: int) -> None:
+        """A verified draft. Its sequence's next drafts are halved after one with
+        nothing accepted and doubled (up to n_max) after one accepted whole: rows
+        verified in vain cost time (a sequence whose text the lookup mispredicts)."""
+        k = self.config.n_max if seq.draft_max is None else seq.draft_max
+        if n_accepted == 0:
+            seq.draft_max = max(1, k // 2)
+        elif n_accepted == n_drafted:
+            seq.draft_max = min(self.config.n_max, 2 * k)
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted

@@ -12,6 +12,7 @@ import json
 import math
 import pathlib
 
+import httpx
 import numpy as np
 import pytest
 
@@ -205,3 +206,24 @@ def test_every_synth_qwen3_golden_prompt_equals_llama_cpp_with_itself_as_draft()
         out = generate(e, {c["key"]: c["prompt_ids"] for c in group}, 48)
         assert {k: tokens(v) for k, v in out.items()} == {c["key"]: c["generated_ids"] for c in group}
     e.close()
+
+
+# -- served ----------------------------------------------------------------------------
+
+def test_served_answer_has_draft_timings_and_metrics_count_them(smollm2_path):
+    from ggserve.models.tokenizer import Tokenizer
+    from ggserve.server.app import ServerConfig, create_app
+    from server_harness import RunningServer
+
+    golden = GOLDEN["code_fib"]
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2, metrics=True, spec=NGRAM)
+    with RunningServer(create_app(cfg)) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={
+            "prompt": golden["prompt_ids"], "max_tokens": 48, "temperature": 0, "ignore_eos": True}, timeout=120)
+        body = r.json()
+        drafted, accepted = srv.metric("ggserve_spec_decode_num_draft_tokens_total"), \
+            srv.metric("ggserve_spec_decode_num_accepted_tokens_total")
+    assert body["choices"][0]["text"] == Tokenizer.from_gguf(smollm2_path).decode(golden["generated_ids"])
+    t = body["timings"]
+    assert t["predicted_n"] == 48 and 0 < t["draft_n_accepted"] < t["draft_n"]
+    assert (drafted, accepted) == (t["draft_n"], t["draft_n_accepted"])
