@@ -175,27 +175,3 @@ def test_chunked_attention_mask_sees_only_the_tokens_own_chunk():
                                             [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]]
     assert causal.astype(int).sum(axis=1).tolist() == [4, 5, 10]
     assert cache.mask_kinds == [(0, 0), (0, 4)]
-
-
-@pytest.mark.parametrize("arch,key", [
-    # llama4 (gpt-2 vocabulary, Llama 3.3 template): llama-server's user delimiter tokenized
-    # alone never occurs in the prompt, so it cuts no batch at user turns (server/chat_turns.py)
-    ("llama4", "system_user"),
-    ("qwen3moe", "system_user")])
-def test_served_chat_completion_equals_llama_server(arch, key):
-    # through a real server: the model's own template renders the messages, greedy
-    # decoding answers; llama-server's /v1/chat/completions gave this message
-    import openai
-
-    from ggserve.server.app import ServerConfig, create_app
-    from server_harness import RunningServer
-
-    case = next(c for c in CHATS[arch] if c["key"] == key)
-    gold = case["chat_completion"]
-    with RunningServer(create_app(ServerConfig(model=model_path(arch), n_ctx=4096, n_parallel=1,
-                                               n_batch=512, n_threads=2))) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
-        r = client.chat.completions.create(model="m", messages=case["request"]["messages"], temperature=0,
-                                           max_tokens=gold["completion_tokens"])
-    assert r.usage.prompt_tokens == gold["prompt_tokens"]
-    assert r.choices[0].message.content == gold["message"]["content"]

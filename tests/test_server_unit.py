@@ -16,6 +16,7 @@ from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.errors import APIError, to_api_error
 from ggserve.server.prompts import PromptBuilder
 from ggserve.server.request_errors import ContextLengthExceeded
+from ggserve.server.sequence import TokenEvent
 from ggserve.server.stops import StopMatcher
 from server_harness import RunningServer, sse_events
 
@@ -139,18 +140,6 @@ class FakeRequest:
     ignore_eos: bool = False
 
 
-@dataclass
-class Event:
-    request_id: str
-    token: int | None
-    logprob: float | None
-    top_logprobs: list
-    finish_reason: str | None
-    n_prompt: int
-    n_cached: int
-    error: str | None = None
-
-
 class FakeTokenizer:
     n_vocab, bos_id, eos_id = 258, 256, 257
 
@@ -252,10 +241,10 @@ class FakeEngine:
                 top = [(tok, -0.25), (ord("?"), -2.0)][: r.params.n_probs]
                 if st[1] == 3 and bytes(t for t in r.prompt if t < 256).find(b"BREAK") >= 0:
                     # as the engine ends one request (an image that failed to encode)
-                    events.append(Event(rid, None, None, [], "error", len(r.prompt), 0, "tile failed"))
+                    events.append(TokenEvent(rid, None, None, [], "error", len(r.prompt), 0, "tile failed"))
                     del self.running[rid]
                     continue
-                events.append(Event(rid, tok, -0.25, top, finish, len(r.prompt), 0))
+                events.append(TokenEvent(rid, tok, -0.25, top, finish, len(r.prompt), 0))
                 if finish:
                     del self.running[rid]
             return events
