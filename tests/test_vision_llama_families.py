@@ -19,9 +19,6 @@ from ggserve.server.engine import Engine, Request
 from synth_vision import CONFIGS, GOLDEN, LOGPROB_TOL, SYNTH, TWO, _cfg, _engine, _image, _mmproj, engines  # noqa: F401
 
 FAMILIES = ["pixtral", "mistral3", "mlp_anyres", "minicpmv"]
-# minicpmv: layout and the first generated token's logprobs are llama.cpp's, later steps
-# move by up to 0.15 (open: see docs/media.md)
-NOT_EXACT = {"minicpmv"}
 DEFAULT_IMAGE = {"pixtral": "grad_64x64.png", "mistral3": "gray_37x53.png", "mlp_anyres": "tall_200x600.png",
                  "minicpmv": "shapes_1024x512.jpg"}
 
@@ -60,8 +57,6 @@ def _cases(slow: bool):
             default = case["image"] in (DEFAULT_IMAGE[family], TWO)
             if default != slow:
                 marks = [pytest.mark.slow] if slow else []
-                if family in NOT_EXACT:
-                    marks.append(pytest.mark.xfail(reason="logprobs after the first step differ", strict=False))
                 yield pytest.param(family, case["image"], id=f"{family}-{case['image']}", marks=marks)
 
 

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from ggserve.models.c_math import powf
 from ggserve.models.registry import ModelError
 from ggserve.models.vision import vit
 from ggserve.models.vision.preprocess import BICUBIC, Plan, Tiles, normalize, resize_pad_to, resize_pillow
@@ -178,8 +179,8 @@ class MiniCPMV(Family):
         pos_w = g.input("pos_w", ggml.F32, (1, n))
         idx = np.arange(n)
         k4 = t // 4
-        om = np.array([np.float32(1.0) / np.power(np.float32(OMEGA_BASE), np.float32(i) / np.float32(k4),
-                                                   dtype=np.float32) for i in range(k4)], dtype=np.float32)
+        # 1 / powf(10000, i / k4) in float32, as clip.cpp fills "omega"
+        om = np.float32(1.0) / powf(OMEGA_BASE, np.arange(k4, dtype=np.float32) / np.float32(k4))
         extra = {positions: (bh[:, None] * POS_GRID + bw[None, :]).reshape(-1).astype(np.int32),
                  omega: om,
                  pos_h: (idx // nx).astype(np.float32).reshape(n, 1),
