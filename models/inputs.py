@@ -17,7 +17,7 @@ class ForwardInputs:
     # (first row, rows) per sequence of the batch, in batch order (each sequence's rows
     # are contiguous; `recurrent`'s states come in this order)
     seq_rows: tuple = ()
-    kernel_of: dict | None = None   # weight -> "repack" | "tiled" (others: absent)
+    kernel_of: dict | None = None   # weight -> "repack" | "tiled" | "sgemm" (others: absent)
     plans: dict | None = None       # kind -> row plan for this batch (server.kernel_parity.RowPlan)
     n_outputs: int = 0
     # i32 [n_logit_rows]: the output rows whose logits are wanted, when some output rows

@@ -41,10 +41,15 @@ CHECKPOINT_TAIL = 4   # llama-server's context checkpoints: the last 4 prompt to
 #   the last n % 4 rows one by one by gemv;
 # - k-quant weights (not repacked): a tiled kernel for calls of >= 8 rows,
 #   vec_dot below;
+# - float weights (F32/F16/BF16): calls of >= 2 rows go to llamafile's tinyBLAS,
+#   a lone row to vec_dot, which rounds differently ("sgemm": llamafile_sgemm
+#   refuses n < 2; for its quantized types, Q8_0/Q4_0/Q5_0, both give the same bits);
 # - other types: the same per-row result whatever the call.
 TILED_TYPES = {"q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs", "iq2_xxs", "iq2_xs",
                "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
 MATMUL_TILED_MIN_ROWS = 8
+SGEMM_TYPES = {"f32", "f16", "bf16"}
+
 
 # ggml's CPU flash attention: >= 64 query rows take a tiled kernel (f32), a lone
 # row over >= 512 cells is split across threads, everything else runs row by row (f16)
@@ -57,7 +62,7 @@ class KernelParity:
 
     def __init__(self, enabled: bool, kernel_of: dict, checkpoints: bool):
         self.enabled = enabled
-        self.kernel_of = kernel_of if enabled else {}     # weight -> "repack" | "tiled"
+        self.kernel_of = kernel_of if enabled else {}     # weight -> "repack" | "tiled" | "sgemm"
         self.kinds = sorted(set(self.kernel_of.values()))
         # llama-server saves context checkpoints (and cuts batches for them) for models
         # whose memory cannot be cut back: sliding-window and recurrent layers
@@ -139,9 +144,11 @@ def solo_ubatches(positions: np.ndarray, n_prompt: int, image_spans=(), checkpoi
 def batched_rows(kind: str, positions: np.ndarray, ub_start: np.ndarray, ub_size: np.ndarray) -> np.ndarray:
     """Per row: does llama.cpp compute it with the many-row kernel of `kind`? In a
     k-row ubatch the first 4 * (k // 4) rows take gemm ("repack"); all k rows take
-    the tiled kernel when k >= 8 ("tiled")."""
+    the tiled kernel when k >= 8 ("tiled"), tinyBLAS when k >= 2 ("sgemm")."""
     if kind == "repack":
         return positions - ub_start < ub_size // 4 * 4
+    if kind == "sgemm":
+        return ub_size >= 2
     return ub_size >= MATMUL_TILED_MIN_ROWS
 
 
@@ -149,21 +156,24 @@ class RowPlan:
     """How the rows of a batch meet one kind of weight so that each row gets the
     kernel llama.cpp gives it alone, whatever else shares the batch: rows that
     take the many-row kernel are gathered first (padded by repeating a row), the
-    others follow in calls too small for it."""
+    others follow in calls too small for it. A call is (first row, rows, one):
+    `one` multiplies each row on its own (ggml's one-column kernel, vec_dot: a
+    [k, 1, rows] operand), in one product."""
 
     def __init__(self, kind: str, batched: np.ndarray, n_outputs: int):
         self.kind = kind
         n_tokens = len(batched)
         self.n_tokens = n_tokens
-        solo_max = self.solo_max = 3 if kind == "repack" else MATMUL_TILED_MIN_ROWS - 1
+        solo_max = self.solo_max = {"repack": 3, "sgemm": 1}.get(kind, MATMUL_TILED_MIN_ROWS - 1)
         many = np.flatnonzero(batched)
         few = np.flatnonzero(~batched)
         if len(many):
-            pad = -len(many) % 4 if kind == "repack" else max(0, MATMUL_TILED_MIN_ROWS - len(many))
+            pad = {"repack": -len(many) % 4, "sgemm": max(0, 2 - len(many))}.get(
+                kind, max(0, MATMUL_TILED_MIN_ROWS - len(many)))
             many = np.concatenate([many, np.repeat(many[-1:], pad)])
             # gemm leaves the last n % 4 rows to gemv: up to three solo rows ride along
             first = len(many) + (min(solo_max, len(few)) if kind == "repack" else 0)
-            self.calls = [(0, first)] + _chunks(first, len(many) + len(few), solo_max)
+            self.calls = [(0, first, False)] + _solo_calls(first, len(many) + len(few), solo_max)
             self.perm = np.concatenate([many, few]).astype(np.int32)
             if len(self.perm) == n_tokens and not np.any(self.perm - np.arange(n_tokens)):
                 # rows already in kernel order, no padding (a whole 512-row ubatch):
@@ -174,10 +184,10 @@ class RowPlan:
                 inv[self.perm[::-1]] = np.arange(len(self.perm), dtype=np.int32)[::-1]   # first copy wins
                 self.inv = inv
         else:
-            self.calls = _chunks(0, n_tokens, solo_max)
+            self.calls = _solo_calls(0, n_tokens, solo_max)
             self.perm = self.inv = None
         # after the last layer keeps only the output rows, every row is a solo row
-        self.out_calls = _chunks(0, n_outputs, solo_max)
+        self.out_calls = _solo_calls(0, n_outputs, solo_max)
         self.t_perm = self.t_inv = self._g = None
 
     @property
@@ -207,14 +217,14 @@ class RowPlan:
     def apply(self, g, w, x, full_batch: bool):
         # after the last layer: the output rows, or fewer (the LM head skips the rows that
         # want only their hidden state), each a solo row
-        calls = self.calls if full_batch else _chunks(0, x.ne[1], self.solo_max)
+        calls = self.calls if full_batch else _solo_calls(0, x.ne[1], self.solo_max)
         permuted = full_batch and self.perm is not None
-        if len(calls) == 1 and not permuted:
+        if len(calls) == 1 and not permuted and not calls[0][2]:
             return g.mul_mat(w, x)
         if permuted:
             t_perm, t_inv = self._inputs()
             x = g.get_rows(x, t_perm)
-        outs = [g.mul_mat(w, g.view(x, (x.ne[0], n), (x.nb[1],), r0 * x.nb[1])) for r0, n in calls]
+        outs = [_product(g, w, x, r0, n, one) for r0, n, one in calls]
         while len(outs) > 1:
             outs = [g.concat(outs[i], outs[i + 1], 1) if i + 1 < len(outs) else outs[i]
                     for i in range(0, len(outs), 2)]
@@ -222,6 +232,21 @@ class RowPlan:
         if permuted:
             out = g.get_rows(out, t_inv)
         return out
+
+
+def _product(g, w, x, r0: int, n: int, one: bool):
+    """w times rows r0 .. r0 + n of x; `one`: each row in a one-column product."""
+    if not one:
+        return g.mul_mat(w, g.view(x, (x.ne[0], n), (x.nb[1],), r0 * x.nb[1]))
+    out = g.mul_mat(w, g.view(x, (x.ne[0], 1, n), (x.nb[1], x.nb[1]), r0 * x.nb[1]))
+    return g.reshape(out, out.ne[0], n)
+
+
+def _solo_calls(start: int, end: int, size: int) -> list[tuple[int, int, bool]]:
+    """Rows start .. end in calls of at most `size` rows (1: one product of one-column calls)."""
+    if size == 1:
+        return [(start, end - start, True)] if end > start else []
+    return [(a, n, False) for a, n in _chunks(start, end, size)]
 
 
 def _chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:

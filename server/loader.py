@@ -14,7 +14,7 @@ from ggserve.models.tokenizer import Tokenizer
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.kernel_parity import TILED_TYPES
+from ggserve.server.kernel_parity import SGEMM_TYPES, TILED_TYPES
 
 
 def assign_layers(n_layer: int, n_gpu_layers: int, devices: list, cpu, tensor_split=()) -> list:
@@ -110,7 +110,7 @@ class LoadedModel:
 
     def _kernel_kinds(self, matmul_names) -> dict:
         """Weights whose CPU kernel depends on the row count of the call
-        (server/kernel_parity.py): repacked ones, and k-quants."""
+        (server/kernel_parity.py): repacked ones, k-quants, and tinyBLAS's types."""
         kernel_of = {}
         for key, buf in self.weights.items():
             if not buf.device.is_cpu:
@@ -120,6 +120,8 @@ class LoadedModel:
                     kernel_of[t] = "repack"
                 elif name in matmul_names and ggml.type_name(t.type) in TILED_TYPES:
                     kernel_of[t] = "tiled"
+                elif name in matmul_names and ggml.type_name(t.type) in SGEMM_TYPES:
+                    kernel_of[t] = "sgemm"
         return kernel_of
 
     def _tensor_placement(self, layer_devices):
