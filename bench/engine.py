@@ -11,6 +11,10 @@ compute (graph build, mask building, sampling, bookkeeping), as a share of the s
 With --llama-bench, llama.cpp's llama-bench runs on the same model and threads in
 the same run (pp512 / tg128) and the ratios ggserve / llama.cpp are printed.
 -ngl N offloads N layers to the GPU in both (default 0: CPU only).
+--parts: where a decode step's time goes: ggml compute vs the Python around it (the
+engine's own functions, by cProfile over the tg run), the decode graph's nodes by op
+(Graph.ops()), and what kernel parity (batch invariance) costs a lone row: tg with
+--no-kernel-parity beside it, same run.
 """
 from __future__ import annotations
 
@@ -33,9 +37,9 @@ GREEDY = SamplingParams(temperature=0.0, top_k=1)
 
 
 def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
-                  ngl: int = 0) -> dict:
+                  ngl: int = 0, parity: bool = True) -> dict:
     engine = Engine(model, n_ctx=max(2048, depth + n_gen + 256), n_batch=n_prompt, n_parallel=1,
-                    n_threads=threads, n_gpu_layers=ngl)
+                    n_threads=threads, n_gpu_layers=ngl, kernel_parity=parity)
     vocab = engine.tokenizer.n_vocab
     prompt = [(i * 7919) % (vocab - 1000) + 500 for i in range(n_prompt)]
     pp, tg, overhead = [], [], []
@@ -67,10 +71,50 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
             overhead.append(statistics.median(shares))
     engine.close()
     return {
-        "impl": "ggserve", "threads": threads, "depth": depth, "ngl": ngl,
+        "impl": "ggserve" if parity else "ggserve-noparity", "threads": threads, "depth": depth, "ngl": ngl,
         "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
         "python_overhead_share": statistics.median(overhead),
     }
+
+
+def decode_parts(model: str, threads: int, n_gen: int, top: int = 12) -> dict:
+    """One tg run under cProfile: the step's wall time split into ggml compute and
+    the engine's Python functions (own time), and the decode graph's nodes by op."""
+    import collections
+    import cProfile
+    import pstats
+
+    engine = Engine(model, n_ctx=max(2048, n_gen + 256), n_batch=512, n_parallel=1, n_threads=threads)
+    _run(engine, Request("w", [1000, 2000], GREEDY, max_tokens=n_gen, ignore_eos=True))      # warm up
+    engine.clear_cache()
+    engine.add(Request("g", [1000, 2000], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
+    engine.step()
+    compute, prof = 0.0, cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    while engine.has_work():
+        engine.step()
+        compute += engine.last_compute_seconds
+    prof.disable()
+    wall = time.perf_counter() - t0
+    ops = collections.Counter(op for op, _, _ in engine.runner._graph.graph.ops())
+    engine.close()
+    stats = pstats.Stats(prof).stats      # (file, line, fn) -> (cc, nc, tottime, cumtime, callers)
+    own = sorted(((v[2], f"{os.path.basename(k[0])}:{k[2]}") for k, v in stats.items()
+                  if k[2] != "compute"), reverse=True)[:top]
+    return {"steps": n_gen, "step_ms": 1000 * wall / n_gen, "compute_ms": 1000 * compute / n_gen,
+            "python_ms": 1000 * (wall - compute) / n_gen,
+            "top_python": [(name, 1000 * t / n_gen) for t, name in own],
+            "nodes": sum(ops.values()), "nodes_by_op": dict(ops.most_common())}
+
+
+def print_parts(parts: dict) -> None:
+    print(f"decode step {parts['step_ms']:.2f} ms (cProfile on): ggml compute {parts['compute_ms']:.2f} ms, "
+          f"Python around it {parts['python_ms']:.2f} ms; own time of the engine's functions per step:")
+    for name, ms in parts["top_python"]:
+        print(f"  {ms:7.3f} ms  {name}")
+    print(f"decode graph: {parts['nodes']} nodes: " +
+          ", ".join(f"{op} {n}" for op, n in parts["nodes_by_op"].items()))
 
 
 def _run(engine, request=None) -> None:
@@ -105,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--llama-bench", help="path to llama.cpp's llama-bench, run side by side")
     p.add_argument("--rounds", type=int, default=4,
                    help="with --llama-bench: rounds of both, order swapped each round (A B B A ...)")
+    p.add_argument("--parts", action="store_true",
+                   help="where a decode step's time goes, and tg without kernel parity beside it")
     p.add_argument("--out", default="bench/results/engine.json")
     args = p.parse_args(argv)
     model = args.model or default_model_path()
@@ -117,7 +163,11 @@ def main(argv=None) -> int:
                                                             args.depth, args.n_gpu_layers))
         theirs = lambda: results.append(bench_llama(args.llama_bench, model, args.threads, args.n_prompt,
                                                     args.n_gen, args.reps, args.depth, args.n_gpu_layers))
-        for run in ((ours, theirs) if r % 2 == 0 else (theirs, ours))[: 2 if args.llama_bench else 1]:
+        plain = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps,
+                                                     args.depth, args.n_gpu_layers, parity=False))
+        runs = [ours, theirs] if args.llama_bench else [ours]
+        runs += [plain] if args.parts else []
+        for run in (runs if r % 2 == 0 else runs[::-1]):
             run()
 
     def med(impl, key):
@@ -132,7 +182,15 @@ def main(argv=None) -> int:
         print(f"{'llama.cpp':12}{med('llama.cpp', 'pp_tps'):16.1f}{med('llama.cpp', 'tg_tps'):16.1f}")
         ratios = {k: med("ggserve", k) / med("llama.cpp", k) for k in ("pp_tps", "tg_tps")}
         print(f"{'ratio':12}{ratios['pp_tps']:16.2f}{ratios['tg_tps']:16.2f}")
+    if args.parts:
+        print(f"{'no parity':12}{med('ggserve-noparity', 'pp_tps'):16.1f}{med('ggserve-noparity', 'tg_tps'):16.1f}"
+              "   (--no-kernel-parity: what batch invariance costs)")
+        ratios["tg_parity_cost"] = med("ggserve-noparity", "tg_tps") / med("ggserve", "tg_tps")
     print(f"Python overhead per decode step: {100 * med('ggserve', 'python_overhead_share'):.1f}%")
+    if args.parts:
+        parts = decode_parts(model, args.threads, args.n_gen)
+        print_parts(parts)
+        results.append({"impl": "ggserve-parts", **parts})
     write_json(args.out, envelope("engine", {"model": model, **vars(args)}, results, ratios=ratios))
     print(f"wrote {args.out}")
     return 0

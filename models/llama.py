@@ -93,6 +93,11 @@ class LlamaModel:
         x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
         return inp.head(g, self.output, x)
 
+    def shift_k(self, g, il, k, shift):
+        """Cached keys [head_dim, n_head_kv, n] moved by `shift` positions (i32 [n]):
+        llama.cpp's K-shift after a context shift, the forward pass's own rope."""
+        return self._rope(g, k, shift)
+
     def _rope(self, g, t, pos):
         return g.rope(t, pos, self.n_rot, self.rope_type, self.n_ctx_orig, self.rope_base,
                       self.rope_scale, 0.0, 1.0, 32.0, 1.0, self.rope_freqs)

@@ -42,6 +42,10 @@ F32 = GGML_TYPE_F32
 F16 = GGML_TYPE_F16
 Q8_0 = GGML_TYPE_Q8_0
 Q4_0 = GGML_TYPE_Q4_0
+Q4_1 = GGML_TYPE_Q4_1
+Q5_0 = GGML_TYPE_Q5_0
+Q5_1 = GGML_TYPE_Q5_1
+IQ4_NL = GGML_TYPE_IQ4_NL
 I32 = GGML_TYPE_I32
 I64 = GGML_TYPE_I64
 BF16 = GGML_TYPE_BF16
@@ -58,7 +62,9 @@ SCALE_ALIGN_CORNERS = 1 << 8
 POOL_AVG = GGML_OP_POOL_AVG
 POOL_MAX = GGML_OP_POOL_MAX
 
-_TYPE_BY_NAME = {"f32": F32, "f16": F16, "q8_0": Q8_0, "q4_0": Q4_0, "bf16": BF16}
+# llama.cpp's KV cache types (common/arg.cpp, kv_cache_types)
+_TYPE_BY_NAME = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1,
+                 "iq4_nl": IQ4_NL, "q5_0": Q5_0, "q5_1": Q5_1}
 
 _NP_DTYPE = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16,
              GGML_TYPE_I32: np.int32, GGML_TYPE_I64: np.int64}

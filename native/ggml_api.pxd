@@ -9,7 +9,11 @@ cdef extern from "ggml.h":
 
     enum ggml_type:
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
-        GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_I32, GGML_TYPE_I64, GGML_TYPE_BF16
+        GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_I32, GGML_TYPE_I64, GGML_TYPE_BF16,
+        GGML_TYPE_IQ4_NL
+
+    enum ggml_op_hint:
+        GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD
 
     enum ggml_prec:
         GGML_PREC_DEFAULT, GGML_PREC_F32
@@ -99,6 +103,7 @@ cdef extern from "ggml.h":
     ggml_tensor * ggml_rms_norm(ggml_context * ctx, ggml_tensor * a, float eps)
     ggml_tensor * ggml_mul_mat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     void ggml_mul_mat_set_prec(ggml_tensor * a, ggml_prec prec)
+    void ggml_mul_mat_set_hint(ggml_tensor * a, ggml_op_hint hint)
     ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_cast(ggml_context * ctx, ggml_tensor * a, ggml_type type)
     ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)

@@ -111,11 +111,14 @@ cdef class Graph:
     def norm(self, Tensor a, float eps): return self._t(ggml_norm(self.ctx, a.ptr, eps))
     def rms_norm(self, Tensor a, float eps): return self._t(ggml_rms_norm(self.ctx, a.ptr, eps))
 
-    def mul_mat(self, Tensor w, Tensor x, bint f32_precision=False):
-        """w: [k, m], x: [k, n] -> [m, n]."""
+    def mul_mat(self, Tensor w, Tensor x, bint f32_precision=False, bint hadamard=False):
+        """w: [k, m], x: [k, n] -> [m, n]. hadamard: w is a Walsh-Hadamard matrix (the
+        CPU backend then runs a fast transform, as llama.cpp's quantized KV rotation)."""
         cdef ggml_tensor * r = ggml_mul_mat(self.ctx, w.ptr, x.ptr)
         if f32_precision:
             ggml_mul_mat_set_prec(r, GGML_PREC_F32)
+        if hadamard:
+            ggml_mul_mat_set_hint(r, GGML_HINT_SRC0_IS_HADAMARD)
         return self._t(r)
 
     def soft_max(self, Tensor a, Tensor mask=None, float scale=1.0, float max_bias=0.0):

@@ -143,9 +143,10 @@ class API:
 
     async def models(self, request: Request) -> Response:
         meta = {"n_ctx": self.cfg.n_ctx, "n_parallel": self.cfg.n_parallel}
-        if self.service.ready:
+        if self.service.ready:      # n_ctx: a request's limit (a slot's context), as llama-server
             e = self.service.engine
-            meta.update(n_ctx_slot=e.n_ctx, n_vocab=e.tokenizer.n_vocab)
+            meta.update(n_ctx=e.n_ctx, n_ctx_slot=e.n_ctx, n_ctx_train=e.n_ctx_train, kv_size=e.kv_size,
+                        n_vocab=e.tokenizer.n_vocab)
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_id(), "object": "model", "created": S.now(),
             "owned_by": "ggserve", "meta": meta,

@@ -43,6 +43,10 @@ class ServerConfig:
     n_ctx: int = 4096
     n_batch: int = 512
     n_parallel: int = 4
+    kv_unified: bool = False                  # -kvu: every slot may use the whole KV cache
+    context_shift: bool = False               # --context-shift
+    cache_type_k: str = "f16"                 # -ctk
+    cache_type_v: str = "f16"                 # -ctv
     n_threads: int = 0
     n_gpu_layers: int = 0
     rpc: tuple[str, ...] = ()                 # --rpc: RPC workers' host:port (remote devices)
@@ -93,7 +97,9 @@ def load_engine(cfg: ServerConfig):
                     max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
                     slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb,
                     embeddings=cfg.embeddings, pooling=cfg.pooling,
-                    rpc=cfg.rpc, tensor_split=cfg.tensor_split, spec=cfg.spec)
+                    rpc=cfg.rpc, tensor_split=cfg.tensor_split, spec=cfg.spec,
+                    kv_unified=cfg.kv_unified, context_shift=cfg.context_shift,
+                    cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:

@@ -79,12 +79,7 @@ def serve_parser() -> argparse.ArgumentParser:
           help="comma-separated hosts image URLs may come from (default: any public host)")
     _flag(p, "--allow-private-media", env="GGSERVE_ALLOW_PRIVATE_MEDIA", flag=True,
           help="allow image URLs on loopback/private addresses")
-    _flag(p, "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE", type=int, default=4096,
-          metavar="N", dest="ctx_size",
-          help="KV cache size in tokens, shared by the slots: each sequence gets "
-               "ctx-size / parallel")
-    _flag(p, "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL", type=int, default=4,
-          metavar="N", dest="parallel", help="number of parallel sequences (slots)")
+    _context_flags(p)
     _flag(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=512,
           metavar="N", dest="batch_size", help="tokens per engine step (all sequences)")
     _flag(p, "--max-stall-ms", env="GGSERVE_MAX_STALL_MS", type=float, default=0.0, metavar="MS",
@@ -180,6 +175,36 @@ def serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _context_flags(p) -> None:
+    """Context size, slots and the KV cache, as llama-server 11434 spells and defaults them."""
+    _flag(p, "-c", "--ctx-size", env="LLAMA_ARG_CTX_SIZE", type=int, default=0, metavar="N", dest="ctx_size",
+          help="KV cache size in tokens, padded to 256 (0: the model's training context); with a "
+               "unified KV cache each slot may use all of it, else each gets ctx-size / parallel")
+    _flag(p, "-np", "--parallel", env="LLAMA_ARG_N_PARALLEL", type=int, default=-1, metavar="N",
+          dest="parallel", help="number of server slots (-1: auto, 4 slots sharing a unified KV cache)")
+    env = os.environ.get("LLAMA_ARG_KV_UNIFIED")
+    p.add_argument("-kvu", "--kv-unified", action="store_const", const=True, dest="kv_unified",
+                   default=None if env is None else env.strip().lower() in _TRUE,
+                   help="one KV cache whose cells any slot may use, each slot's context the whole "
+                        "size (default: on when -np is auto) (env: LLAMA_ARG_KV_UNIFIED)")
+    p.add_argument("-no-kvu", "--no-kv-unified", action="store_const", const=False, dest="kv_unified",
+                   help="each slot gets ctx-size / parallel tokens of context")
+    env = os.environ.get("LLAMA_ARG_CONTEXT_SHIFT")
+    p.add_argument("--context-shift", action="store_const", const=True, dest="context_shift",
+                   default=env is not None and env.strip().lower() in _TRUE,
+                   help="a generation reaching the context drops the oldest half of what follows "
+                        "the kept tokens and goes on, as llama-server (default: off; a prompt "
+                        "longer than the context is refused either way) (env: LLAMA_ARG_CONTEXT_SHIFT)")
+    p.add_argument("--no-context-shift", action="store_const", const=False, dest="context_shift",
+                   help="stop a generation at the context (the default)")
+    types = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+    _flag(p, "-ctk", "--cache-type-k", env="LLAMA_ARG_CACHE_TYPE_K", default="f16", choices=types,
+          metavar="TYPE", dest="cache_type_k",
+          help="KV cache type for K: " + ", ".join(types) + " (quantized: Hadamard-rotated as llama.cpp)")
+    _flag(p, "-ctv", "--cache-type-v", env="LLAMA_ARG_CACHE_TYPE_V", default="f16", choices=types,
+          metavar="TYPE", dest="cache_type_v", help="KV cache type for V (same types)")
+
+
 def _spec_flags(p) -> None:
     """Speculative decoding (server/speculative.py, docs/server.md), llama-server's names."""
     _flag(p, "--spec-type", env="LLAMA_ARG_SPEC_TYPE", choices=list(TYPES), metavar="TYPE",
@@ -260,12 +285,19 @@ def config_from_args(args):
         raise SystemExit(f"ggserve serve: --tensor-split must be numbers separated by commas: {args.tensor_split!r}")
     if any(x < 0 for x in split):
         raise SystemExit("ggserve serve: --tensor-split values must be >= 0")
-    for name in ("ctx_size", "parallel", "batch_size"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"ggserve serve: --{name.replace('_', '-')} must be >= 1")
+    if args.batch_size < 1:
+        raise SystemExit("ggserve serve: --batch-size must be >= 1")
+    if args.ctx_size < 0:
+        raise SystemExit("ggserve serve: --ctx-size must be >= 0 (0: the model's training context)")
+    if args.parallel == 0 or args.parallel < -1:
+        raise SystemExit("ggserve serve: --parallel must be >= 1, or -1 (auto)")
+    # -np auto: 4 slots and a unified KV cache (llama-server's tools/server/server.cpp)
+    parallel = 4 if args.parallel < 0 else args.parallel
+    unified = args.kv_unified if args.kv_unified is not None else args.parallel < 0
     return ServerConfig(
         model=model, alias=args.alias, n_ctx=args.ctx_size, n_batch=args.batch_size,
-        n_parallel=args.parallel, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        n_parallel=parallel, kv_unified=unified, context_shift=args.context_shift,
+        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
         rpc=rpc, tensor_split=split,
         api_keys=[k.strip() for k in (args.api_key or "").split(",") if k.strip()],
         metrics=bool(args.metrics),

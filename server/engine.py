@@ -29,7 +29,8 @@ from ggserve.server.image_store import ImageStore
 from ggserve.server.kernel_parity import KernelParity
 from ggserve.server.kv_cache import MAX_SEQS
 from ggserve.server.loader import LoadedModel
-from ggserve.server.memory import Memory
+from ggserve.server.context_shift import shift as shift_context, supported as context_shift_supported
+from ggserve.server.memory import Memory, context_sizes
 from ggserve.server.pooling import Pool, from_gguf
 from ggserve.server.prefix_cache import PrefixCache
 from ggserve.server.request_errors import ContextLengthExceeded
@@ -52,27 +53,31 @@ class Engine:
                  slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
                  embeddings: bool = False, pooling: str | None = None,
                  rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
-                 spec: SpecConfig | None = None):
+                 spec: SpecConfig | None = None, kv_unified: bool = False, context_shift: bool = False):
         t0 = time.perf_counter()
         if not 1 <= n_parallel <= MAX_SEQS:
             raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
         if n_batch < 1:
             raise ValueError("n_batch must be >= 1")
-        if n_ctx // n_parallel < 8:
-            raise ValueError(f"context {n_ctx} split over {n_parallel} slots leaves {n_ctx // n_parallel} tokens per slot")
         self.n_parallel, self.n_batch = n_parallel, n_batch
-        self.kv_size, self.n_ctx = n_ctx, n_ctx // n_parallel
         self.loaded = LoadedModel(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_parallel=n_parallel,
                                   chat_template=chat_template, mmproj=mmproj, rpc=rpc, tensor_split=tensor_split)
         lm = self.loaded
+        # KV cells and each slot's context, as llama.cpp sizes them (n_ctx 0: the model's)
+        self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
+        self.kv_size, self.n_ctx = context_sizes(n_ctx, n_parallel, kv_unified, self.n_ctx_train)
         self.model_path, self.model_name = lm.path, lm.name
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
         self.n_threads = self.backend.n_threads
         self.n_pos = getattr(self.model, "n_pos", 1)
-        self.memory = Memory(self.backend, self.model.memory_layers(lm.device_of_layer), kv_size=n_ctx,
+        self.memory = Memory(self.backend, self.model.memory_layers(lm.device_of_layer), kv_size=self.kv_size,
                              n_seqs=n_parallel, type_k=ggml.type_by_name(cache_type_k),
                              type_v=ggml.type_by_name(cache_type_v), n_pos=self.n_pos)
         self.kv = self.memory.kv
+        self.context_shift = context_shift and context_shift_supported(self.model, self.memory, self.vision)
+        if context_shift and not self.context_shift:
+            log.warning("context shift is not supported by this model (or with a projector): disabled")
+        self.n_keep = 1 if self.tokenizer.vocab.add_bos else 0      # the BOS token stays (llama-server)
         self.parity = KernelParity(kernel_parity, lm.kernel_of,
                                    self.kv.has_swa or self.memory.recurrent is not None)
         self.encoder = ImageEncoder(self.vision, lm.device_of_layer(0), self.n_threads) if self.vision else None
@@ -91,7 +96,7 @@ class Engine:
         if self.vision is not None:
             self.vision.reserve()
         self.spec = Speculator.build(spec or SpecConfig(type="none"), self.memory, self.tokenizer,
-                                     n_ctx=n_ctx, n_batch=n_batch, n_parallel=n_parallel, n_threads=self.n_threads)
+                                     n_ctx=self.kv_size, n_batch=n_batch, n_parallel=n_parallel, n_threads=self.n_threads)
         self.load_seconds = time.perf_counter() - t0
         self.last_step_seconds = 0.0
 
@@ -161,8 +166,10 @@ class Engine:
 
     def step(self) -> list[TokenEvent]:
         t0 = time.perf_counter()
-        events = self._admit()
-        events += self._collect_tile()
+        events = self._admit() + self._collect_tile()
+        if self.context_shift:
+            events += [self._end(s, None, "length") for s in list(self.scheduler.running)
+                       if not shift_context(s, self.memory, self.model, self.n_ctx, self.n_keep)]
         if self.spec.on:
             self.spec.propose([s for s in self.scheduler.running
                                if not s.prefilling and s.n_pending == 1 and s.pool is None], self.n_ctx)
@@ -178,6 +185,8 @@ class Engine:
         batch = assemble(plan.chunks, self._use_tiles(plan), self.n_pos)
         seqs, counts = batch.per_sequence()
         cells = None
+        while self.kv.n_free < batch.n and self.slots.evict_idle():
+            pass            # a KV cache the slots share: idle slots give way (to host RAM)
         try:
             cells = self.memory.begin_step(seqs, counts, batch.seq_ids, batch.positions, batch.span_ids)
             logits = self.runner.run(batch, cells, self._cores_for_text())
@@ -328,7 +337,7 @@ class Engine:
         seq.sampler.accept(r.token)
         if self.tokenizer.is_eog(r.token) and not seq.request.ignore_eos:
             return "stop"
-        if seq.n_generated >= seq.request.max_tokens or len(seq.tokens) >= self.n_ctx:
+        if seq.n_generated >= seq.request.max_tokens or (len(seq.tokens) >= self.n_ctx and not self.context_shift):
             return "length"
         return None
 
@@ -355,8 +364,8 @@ class Engine:
         return self._end(seq, None, "error", why)
 
     def _leave(self, seq: Sequence, keep: bool) -> None:
-        if seq.slot >= 0:
-            self.slots.release(seq, keep)
+        if seq.slot >= 0:     # (a shifted sequence's cells no longer equal its tokens computed afresh)
+            self.slots.release(seq, keep and not seq.n_discarded)
         self.images.unpin(seq.images)
 
     # -- resources -----------------------------------------------------------------
@@ -398,5 +407,6 @@ class Engine:
         self.runner.close()
         if self.encoder is not None:
             self.encoder.close()
+        self.images.close()
         self.memory.close()
         self.loaded.close()

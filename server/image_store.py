@@ -49,6 +49,14 @@ class ImageStore:
         for key in [k for k in self._items if self._pins[k] <= 0]:
             self.nbytes -= self._items.pop(key).nbytes
 
+    def close(self) -> None:
+        """Free every embedding now (its memory may be on a device that goes away,
+        an RPC worker), not whenever the garbage collector gets to it."""
+        for emb in self._items.values():
+            emb.close()
+        self._items.clear()
+        self.nbytes = 0
+
     def pin(self, spans) -> None:
         """A sequence holding these spans entered the engine."""
         self._pins.update(s.key for s in spans)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ggserve.models.memory import LayerKV
 from ggserve.native import ggml
+from ggserve.server.kv_step import KVStep, mask_name, rotation_values, shift_keys
 
 __all__ = ["KVCache", "KVCacheFull", "LayerKV", "KVStep"]
 
@@ -47,6 +48,9 @@ class KVCache:
         # (first cell, last cell) per sequence, kept up to date by commit, dropped by
         # other changes: every step asks for them, a scan of the cache costs more
         self._extent: dict[int, tuple[int, int]] = {}
+        # sequences with free cells below their last one (a context shift dropped
+        # some): their next tokens fill those first, as llama.cpp's search from head
+        self._refill: set[int] = set()
         self.buffers = []
         self.k, self.v = [], []
         by_device = {}
@@ -127,7 +131,7 @@ class KVCache:
             r0, r1 = self._region(seq)
             ext = self._extent_of(seq)
             start = max(r0, ext[1] + 1 if ext else 0)
-            if start + n > r1 or self.seqs[start:start + n].any():
+            if start + n > r1 or self.seqs[start:start + n].any() or seq in self._refill:
                 return self._find_cells_scanning(seqs, counts)
             blocks.append((start, start + n))
         ordered = sorted(b for b in blocks if b[1] > b[0])
@@ -146,7 +150,12 @@ class KVCache:
             ext = self._extent_of(seq)
             above = ext[1] + 1 if ext else 0
             cells = np.zeros(0, dtype=np.int64)
-            for lo, hi in ((max(r0, above), r1), (above, self.size), (0, self.size)):
+            ranges = ((max(r0, above), r1), (above, self.size), (0, self.size))
+            if seq in self._refill and ext:
+                ranges = ((ext[0], above),) + ranges
+                if not free[ext[0]:above].any():
+                    self._refill.discard(seq)
+            for lo, hi in ranges:
                 if len(cells) >= n or lo >= hi:
                     continue
                 more = np.flatnonzero(free[lo:hi]) + lo
@@ -194,6 +203,27 @@ class KVCache:
         self._extent.clear()
         self.pos[self.seqs == 0] = -1
 
+    def owns(self, seq: int, p0: int) -> bool:
+        """Are seq's cells from position p0 on its own (no other sequence shares them)?"""
+        bit = np.uint64(1) << np.uint64(seq)
+        sel = ((self.seqs & bit) != 0) & (self.pos >= p0)
+        return self.n_pos == 1 and bool((self.seqs[sel] == bit).all())
+
+    def seq_add(self, backend, model, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move seq's cells with p0 <= pos < p1 (cells it owns) by delta positions and
+        re-rotate their keys (llama.cpp's seq_add, then its K-shift); the cells it
+        freed below are filled first."""
+        bit = np.uint64(1) << np.uint64(seq)
+        sel = np.flatnonzero(((self.seqs & bit) != 0) & (self.pos >= p0) & (self.pos < p1))
+        if not len(sel) or not delta:
+            return
+        c0, c1 = int(sel[0]), int(sel[-1]) + 1
+        shift = np.zeros(c1 - c0, dtype=np.int32)
+        shift[sel - c0] = delta
+        shift_keys(self, backend, model, c0, c1, shift)
+        self.pos[sel] += delta
+        self._refill.add(seq)
+
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Let dst share src's cells with p0 <= pos < p1 (no copy: cells are shared)."""
         sbit = np.uint64(1) << np.uint64(src)
@@ -234,6 +264,7 @@ class KVCache:
         return True
 
     def clear(self) -> None:
+        self._refill.clear()
         self.pos[:] = -1
         self.pos_ext[:] = 0
         self.seqs[:] = 0
@@ -306,67 +337,11 @@ class KVCache:
                 blocks.append(m.ravel())
                 if rows > t1 - t0:       # padding rows (see attention_calls): see every cell
                     blocks.append(np.zeros((rows - (t1 - t0)) * (c1 - c0), dtype=np.float16))
-            values[_mask_name(window, chunk)] = np.concatenate(blocks)
+            values[mask_name(window, chunk)] = np.concatenate(blocks)
+        values.update(rotation_values())
         return values
 
-    def declare(self, g, n_tokens: int, calls) -> "KVStep":
+    def declare(self, g, n_tokens: int, calls) -> KVStep:
         """Declare the cache inputs of a step with these attention calls in graph g
         (named as step_values names them)."""
-        st = KVStep(self, calls)
-        n_mask = sum(rows * (c1 - c0) for _, _, c0, c1, rows in calls)
-        st.slots = g.input("kv_slots", ggml.I64, (n_tokens,))
-        st.masks = {kind: g.input(_mask_name(*kind), ggml.F16, (n_mask,)) for kind in self.mask_kinds}
-        return st
-
-
-def _mask_name(window: int, chunk: int) -> str:
-    if not (window or chunk):
-        return "kq_mask"
-    return f"kq_mask_w{window}_c{chunk}"
-
-
-class KVStep:
-    """One step's view of the cache: slots to write, masks, and attention calls."""
-
-    def __init__(self, cache: KVCache, calls):
-        self.cache = cache
-        self.calls = calls
-        self.slots = None
-        self.masks = {}       # (window, chunk) -> mask input
-
-    def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0, sinks=None):
-        """Store this batch's k, v for layer il, then attend q over the cache.
-
-        q: [head_dim, n_head, n_tokens], k/v: [head_dim, n_head_kv, n_tokens]
-        -> [head_dim * n_head, n_tokens]; sinks: f32 [n_head] attention-sink logits
-        (ggml's flash_attn_ext sinks, gpt-oss), or None.
-        """
-        cache = self.cache
-        head_dim_k, n_head_kv, n_tokens = k.ne[0], k.ne[1], k.ne[2]
-        head_dim_v = v.ne[0]
-        kc, vc = cache.k[il], cache.v[il]
-        g.expand(g.set_rows(kc, g.reshape(k, head_dim_k * n_head_kv, n_tokens), self.slots))
-        g.expand(g.set_rows(vc, g.reshape(v, head_dim_v * n_head_kv, n_tokens), self.slots))
-
-        rk = ggml.row_size(cache.type_k, head_dim_k)
-        rv = ggml.row_size(cache.type_v, head_dim_v)
-        mask = self.masks[cache.layers[il].mask_kind]
-        outs, m_off = [], 0
-        for t0, t1, c0, c1, rows in self.calls:
-            cells = c1 - c0
-            # views already permuted: q [head_dim, rows, n_head], k/v [head_dim, cells, n_head_kv]
-            qg = g.view(q, (q.ne[0], t1 - t0, q.ne[1]), (q.nb[2], q.nb[1]), t0 * q.nb[2])
-            if rows > t1 - t0:
-                qg = g.pad(qg, 0, rows - (t1 - t0))           # dummy rows: keep ggml on the tiled kernel
-            kg = g.view(kc, (head_dim_k, cells, n_head_kv), (kc.nb[1], rk), c0 * kc.nb[1])
-            vg = g.view(vc, (head_dim_v, cells, n_head_kv), (vc.nb[1], rv), c0 * vc.nb[1])
-            mg = g.view(mask, (cells, rows), (cells * 2,), m_off * 2)
-            m_off += rows * cells
-            o = g.flash_attn(qg, kg, vg, mg, scale, 0.0, softcap, sinks)  # [head_dim_v, n_head, rows]
-            if rows > t1 - t0:
-                o = g.view(o, (o.ne[0], o.ne[1], t1 - t0), (o.nb[1], o.nb[2]), 0)
-            outs.append(o)
-        while len(outs) > 1:      # pairwise, so no output is copied more than log2(calls) times
-            outs = [g.concat(outs[i], outs[i + 1], 2) if i + 1 < len(outs) else outs[i]
-                    for i in range(0, len(outs), 2)]
-        return g.reshape(outs[0], head_dim_v * q.ne[1], n_tokens)
+        return KVStep(self, calls).declare(g, n_tokens)

@@ -12,6 +12,28 @@ from ggserve.server.kv_cache import KVCache
 from ggserve.server.recurrent_state import RecurrentState
 
 CHECKPOINT_TAIL = 4     # ref: llama.cpp tools/server/server-context.cpp, checkpoint_offsets
+N_CTX_PAD = 256         # llama.cpp pads context sizes to a multiple of this (llama-context.cpp)
+
+
+def _pad(n: int) -> int:
+    return -(-n // N_CTX_PAD) * N_CTX_PAD
+
+
+def context_sizes(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) -> tuple[int, int]:
+    """(KV cells, context per slot) as llama.cpp 11434 sizes them: n_ctx 0 is the
+    model's training context; the total is padded to 256; a unified cache lets any
+    slot use all of it, otherwise each slot gets its share padded to 256 (and the
+    total grows to match); a slot never gets more than the training context
+    (llama-server's n_ctx_slot)."""
+    n = n_ctx or n_ctx_train
+    if n <= 0:
+        raise ValueError("-c 0 asks for the model's training context, which this GGUF does not give "
+                         "(<arch>.context_length): pass -c N")
+    n = _pad(n)
+    per_slot = n if unified else _pad(n // n_parallel)
+    if not unified:
+        n = per_slot * n_parallel
+    return n, min(per_slot, n_ctx_train) if n_ctx_train > 0 else per_slot
 
 
 class Memory:
@@ -84,6 +106,17 @@ class Memory:
             self.recurrent.copy(src, dst, n)
         if not self.kv.seq_copy(self.backend, src, dst, pos):
             self.kv.seq_cp(src, dst, 0, pos)     # no room to copy (or not one cell per position): share
+        return True
+
+    def context_shift(self, seq: int, n_keep: int, n_discard: int, n_past: int, model) -> bool:
+        """seq drops its tokens n_keep .. n_keep + n_discard and the n_past - n_keep -
+        n_discard after them move back to follow the kept ones, keys re-rotated
+        (llama-server's context shift: seq_rm, seq_add). False (nothing done) where
+        memory cannot: a recurrent state, M-RoPE, or cells shared with another sequence."""
+        if self.recurrent is not None or not self.kv.owns(seq, n_keep):
+            return False
+        self.kv.seq_rm(seq, n_keep, n_keep + n_discard)
+        self.kv.seq_add(self.backend, model, seq, n_keep + n_discard, n_past, -n_discard)
         return True
 
     def free(self, seq: int) -> None:

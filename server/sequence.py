@@ -54,6 +54,7 @@ class Sequence:
         self.n_computed = 0
         self.n_cached = 0
         self.n_generated = 0
+        self.n_discarded = 0      # tokens a context shift dropped (server/context_shift.py)
         self.slot = -1
         self.images = request.images
         # prompt positions a chunk must end at, to save the recurrent state there (Memory.state_points)
@@ -83,7 +84,7 @@ class Sequence:
 
     @property
     def prefilling(self) -> bool:
-        return self.n_computed < self.n_prompt
+        return self.n_computed + self.n_discarded < self.n_prompt
 
     def positions(self, start: int, n: int) -> np.ndarray:
         """int32 [n_pos, n]: the positions of tokens start .. start + n."""

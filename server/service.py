@@ -174,7 +174,8 @@ class Service:
         job = Job([p.tokens for p in prompts], choices, self.cancel)
         requests = []
         for p, c, prm in zip(prompts, job.choices, params):
-            room = max(0, n_ctx - len(p.tokens))
+            # (with context shift a generation goes past the context: llama-server's n_predict -1 is endless)
+            room = 2**31 - 1 if getattr(self.engine, "context_shift", False) else max(0, n_ctx - len(p.tokens))
             limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
             extra = {"images": list(p.images)} if p.images else {}
             if p.turn_starts:
@@ -201,6 +202,14 @@ class Service:
     async def embed(self, prompts: list[list[int]]) -> list:
         """One embedding request per prompt, batched by the engine with all other work:
         each prompt's pooled final hidden states (server/pooling.py Pool.result), in order."""
+        out = []
+        # a long list of inputs goes in groups that leave room in the queue for others
+        group = self.n_parallel + self.max_queue // 2
+        for i in range(0, len(prompts), group):
+            out += await self._embed(prompts[i:i + group])
+        return out
+
+    async def _embed(self, prompts: list[list[int]]) -> list:
         from .sampling import SamplingParams      # (unused by an embedding, but every request has them)
 
         job = await self.submit([Prompt(p) for p in prompts], [SamplingParams()] * len(prompts), None, embed=True)

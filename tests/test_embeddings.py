@@ -124,6 +124,19 @@ def test_token_id_lists_equal_the_strings(smol_mean):
     assert_close(r.json()["data"][1]["embedding"], want[5])
 
 
+def test_a_list_longer_than_the_queue(smol_mean):
+    """OpenAI takes up to 2048 inputs in one request: more than --parallel + --max-queue
+    (4 + 64) all come back, in order, not a 429."""
+    toks = REF["models"]["smollm2"]["tokens"]
+    want = reference("smollm2")["mean"]
+    r = post(smol_mean, {"input": [toks[0], toks[1]] * 35})
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert [e["index"] for e in data] == list(range(70))
+    for k, e in enumerate(data):
+        assert_close(e["embedding"], want[k % 2])
+
+
 def test_embd_normalize_minus_one_is_the_raw_mean(smol_mean):
     want = reference("smollm2")["mean_unnormalized_0_2_19"]
     ins = inputs_sent("smollm2")

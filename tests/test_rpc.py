@@ -219,6 +219,36 @@ def test_llama_cpp_rpc_servers_answer_as_local(smollm2_path, tmp_path):
             stop(p)
 
 
+@pytest.mark.slow
+def test_image_prompt_over_workers_answers_as_local(smollm2_path, mmproj_dir, tmp_path):
+    """The projector runs locally; the image's rows go to the first layer's device (a worker)."""
+    import hashlib
+
+    from PIL import Image
+
+    from ggserve.server.engine import Engine, Request
+    from engine_helpers import GREEDY, build_prompt, generate_requests
+
+    path = pathlib.Path(__file__).parent / "data" / "vision" / "grad_64x64.png"
+    image = (hashlib.sha256(path.read_bytes()).hexdigest(), Image.open(path))
+    text = "<|im_start|>user\n<__media__>Describe this image.<|im_end|>\n<|im_start|>assistant\n"
+    w = Workers(2, tmp_path)
+    runs = {}
+    try:
+        for name, kw in (("local", {}), ("rpc", {"rpc": tuple(w.endpoints), "n_gpu_layers": 99,
+                                                 "tensor_split": (1, 1)})):
+            e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1,
+                       mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"), **kw)
+            prompt, spans = build_prompt(e, text, [image])
+            events = generate_requests(e, [Request("r", prompt, GREEDY, max_tokens=12, ignore_eos=True,
+                                                   images=spans)])["r"]
+            runs[name] = [(ev.token, ev.top_logprobs) for ev in events]
+            e.close()
+    finally:
+        w.close()
+    assert len(runs["rpc"]) == 12 and runs["rpc"] == runs["local"]
+
+
 def test_worker_killed_mid_stream_ends_stream_with_error(rpc_server, workers):
     """Runs last: it kills a worker of the module's server."""
     url, proc, _ = rpc_server
