@@ -22,6 +22,7 @@ import numpy as np
 
 from ggserve.native import ggml
 from ggserve.server.batch import assemble
+from ggserve.server.context_shift import shift as shift_context, supported as context_shift_supported
 from ggserve.server.graph_runner import GraphRunner
 from ggserve.server.image_encoder import BACKGROUND_THREADS, ImageEncoder
 from ggserve.server.host_cache import HostCache
@@ -29,11 +30,11 @@ from ggserve.server.image_store import ImageStore
 from ggserve.server.kernel_parity import KernelParity
 from ggserve.server.kv_cache import MAX_SEQS
 from ggserve.server.loader import LoadedModel
-from ggserve.server.context_shift import shift as shift_context, supported as context_shift_supported
 from ggserve.server.memory import Memory, context_sizes
 from ggserve.server.pooling import Pool, from_gguf
 from ggserve.server.prefix_cache import PrefixCache
-from ggserve.server.request_errors import ContextLengthExceeded
+from ggserve.server.request_checks import check_request
+from ggserve.server.request_errors import ContextLengthExceeded  # noqa: F401  (re-exported)
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler, StepPlan
 from ggserve.server.sequence import Request, Sequence, TokenEvent
@@ -117,24 +118,8 @@ class Engine:
     def add(self, request: Request) -> None:
         """Queue a request. Its fields are checked here, once (sampling parameters
         check themselves when made)."""
-        if not request.prompt:
-            raise ValueError("the prompt is empty")
-        if request.embed and self.pooling is None:
-            raise ValueError("embeddings are off: start the server with --embeddings")
-        if len(request.prompt) + (0 if request.embed else 1) > self.n_ctx:
-            raise ContextLengthExceeded(f"This model's maximum context length is {self.n_ctx} tokens "
-                                        f"per sequence, but the prompt has {len(request.prompt)} tokens.")
-        if request.max_tokens < 0:
-            raise ValueError("max_tokens must be >= 0")
-        if request.positions is not None and request.positions.shape != (self.n_pos, len(request.prompt)):
-            raise ValueError(f"positions must be [{self.n_pos}, {len(request.prompt)}] for this model")
-        rows = {i for span in request.images for i in range(span.start, span.end)}
-        bad = [t for i, t in enumerate(request.prompt) if i not in rows and not 0 <= t < self.tokenizer.n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of the vocabulary (0..{self.tokenizer.n_vocab - 1})")
-        too_long = [s for s in request.images if s.bidirectional and s.n > self.n_batch]
-        if too_long:
-            raise ValueError(f"an image needs {too_long[0].n} tokens in one batch; the batch size is {self.n_batch}")
+        check_request(request, n_ctx=self.n_ctx, n_pos=self.n_pos, n_vocab=self.tokenizer.n_vocab,
+                      n_batch=self.n_batch, embeddings=self.pooling is not None)
         self.images.pin(request.images)
         seq = Sequence(request)
         seq.state_points = self.memory.state_points(len(request.prompt), request.turn_starts)

@@ -136,9 +136,9 @@ def test_temperature_zero_equals_greedy(smollm2_path, solo_tokens):
 
 
 def test_prompt_longer_than_slot_context_is_rejected(smollm2_path):
-    e = _engine(smollm2_path, n_ctx=256, n_parallel=4)      # 64 tokens per slot
+    e = _engine(smollm2_path, n_ctx=1024, n_parallel=4)     # 256 tokens per slot (llama.cpp pads to 256)
     with pytest.raises(ContextLengthExceeded):
-        e.add(Request("long", list(range(100, 200))))
+        e.add(Request("long", list(range(100, 356))))
     e.close()
 
 

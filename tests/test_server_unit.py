@@ -190,6 +190,7 @@ class FakeEngine:
         self.chat_template = FakeTemplate()
         self.model_name = "fake"
         self.n_ctx, self.n_parallel, self.step_s = n_ctx, n_parallel, step_s
+        self.n_ctx_train, self.kv_size = 2048, n_ctx * n_parallel
         self.waiting, self.running = [], {}
         self.reply = list(REPLY.encode()) + [257]
         self.lock = threading.Lock()   # catches two threads in the engine at once
