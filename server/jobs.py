@@ -42,6 +42,7 @@ class Choice:
         self.n_prompt = 0
         self.n_cached = 0
         self.n_draft = self.n_draft_accepted = 0     # speculative decoding: drafted, accepted tokens
+        self.eog_token: int | None = None     # the end-of-generation token that ended it (not in the text)
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._text_len = 0      # characters decoded so far
@@ -55,7 +56,9 @@ class Choice:
         if ev.token is not None:
             self.n_tokens += 1
             eog_stop = ev.finish_reason == "stop" and self.tokenizer.is_eog(ev.token)
-            if not eog_stop:
+            if eog_stop:
+                self.eog_token = ev.token
+            else:
                 piece = self.decoder.push(ev.token)
                 self._pending.append((self._text_len, (ev.token, ev.logprob,
                                                        list(ev.top_logprobs or ()))))

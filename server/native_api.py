@@ -1,0 +1,247 @@
+"""llama-server's native completion endpoints, /completion and /completions (and
+/infill's answer, server/infill.py): its request fields (`prompt` as text, token ids,
+a mixed list or several prompts, `n_predict`, `n_probs`, `return_tokens`) and its
+answer (`content`, `stop_type`, `stopping_word`, `generation_settings`, `timings`,
+`completion_probabilities`, ...); streamed as `data: {...}` frames with no [DONE],
+the last one the whole answer with empty `content`."""
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pydantic import Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import schemas as S
+from .api import API
+from .chat_options import compile_grammar, completion_options
+from .errors import invalid
+from .generation_api import sse, unless_disconnected
+from .jobs import Job
+from .prompts import Prompt
+
+# llama-server's sampler chain and the defaults of the samplers this server refuses to
+# change (server/schemas.py unsupported()), so `generation_settings` reads as its own.
+_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+_RANDOM_SEED = 4294967295         # LLAMA_DEFAULT_SEED: "pick one at random"
+
+
+class NativeCompletionRequest(S._Sampling):
+    prompt: Union[str, list[Any]]
+    return_tokens: bool = False
+    post_sampling_probs: bool = False
+    n_keep: int = 0
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+    timings_per_token: bool = False
+    return_progress: bool = False
+    min_keep: int = 0
+    # /infill's own fields (server/infill.py)
+    input_prefix: Optional[str] = None
+    input_suffix: Optional[str] = None
+    input_extra: Optional[list[dict[str, Any]]] = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v):
+        if v is None:
+            raise ValueError("`prompt` is required")
+        return v
+
+    @property
+    def limit(self) -> Optional[int]:
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        return None if n is None or n < 0 else n       # llama-server's -1: until EOS or context end
+
+    def refused(self) -> Optional[str]:
+        if self.post_sampling_probs:
+            return "post_sampling_probs"
+        if self.n_indent:
+            return "n_indent"
+        if self.t_max_predict_ms:
+            return "t_max_predict_ms"
+        return None
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def split_prompts(prompt) -> list:
+    """llama-server's tokenize_input_prompts: a string, a list of ids, or a list mixing ids and
+    strings is one prompt; any other list is one prompt per element."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(_is_id(x) or isinstance(x, str) for x in prompt) and any(_is_id(x) for x in prompt):
+        return [prompt]
+    if not prompt:
+        raise invalid("prompt must not be empty", param="prompt")
+    return list(prompt)
+
+
+def tokenize_mixed(tok, p) -> list[int]:
+    """One prompt -> ids, as llama-server's tokenize_mixed: only a leading string gets BOS."""
+    parts = [p] if isinstance(p, str) else p
+    if not isinstance(parts, list):
+        raise invalid("each prompt must be a string, a list of token ids, or a list mixing both",
+                      param="prompt")
+    ids: list[int] = []
+    for i, x in enumerate(parts):
+        if isinstance(x, str):
+            ids += tok.encode(x, add_special=i == 0, parse_special=True)
+        elif _is_id(x):
+            if not 0 <= x < tok.n_vocab:
+                raise invalid(f"prompt has a token id out of range: {x}", param="prompt")
+            ids.append(x)
+        else:
+            raise invalid("each prompt must be a string, a list of token ids, or a list mixing both",
+                          param="prompt")
+    return ids
+
+
+def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
+    """llama-server's `generation_settings`: the sampling this answer ran with."""
+    return {
+        "seed": req.seed if req.seed is not None else _RANDOM_SEED,
+        "temperature": p.temperature, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+        "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "top_n_sigma": -1.0,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": p.typical_p,
+        "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+        "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
+        "stop": req.stop or [], "max_tokens": req.limit if req.limit is not None else -1,
+        "n_predict": req.limit if req.limit is not None else -1, "n_keep": req.n_keep, "n_discard": 0,
+        "ignore_eos": req.ignore_eos, "stream": req.stream,
+        "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
+        "n_probs": req.n_probs or 0, "min_keep": req.min_keep,
+        "grammar": req.grammar or "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+        "chat_format": "Content-only", "reasoning_format": api.cfg.reasoning_format,
+        "reasoning_in_content": False, "generation_prompt": "", "samplers": list(_SAMPLERS),
+        "speculative.types": "none", "timings_per_token": req.timings_per_token,
+        "post_sampling_probs": False, "backend_sampling": False, "lora": [],
+    }
+
+
+def probs(api: API, entries, k: int) -> list[dict]:
+    """`completion_probabilities` of the tokens behind a piece of text."""
+    tb = api.service.engine.tokenizer.token_bytes
+
+    def one(t, lp):
+        raw = tb(t)
+        return {"id": t, "token": S.token_text(raw), "bytes": list(raw), "logprob": lp}
+
+    return [{**one(t, lp), "top_logprobs": [one(u, v) for u, v in top[:k]]} for t, lp, top in entries]
+
+
+def timings(job: Job, i: int) -> dict:
+    """llama-server's `timings` of choice i. prompt_ms runs from the request's arrival to its
+    first token (llama-server: the prompt's own compute, without queueing)."""
+    c = job.choices[i]
+    prompt_n = max(c.n_prompt - c.n_cached, 0)
+    prompt_ms = (c.t_first - job.t_submit) * 1000 if c.t_first is not None else 0.0
+    pred_ms = (c.t_last - c.t_first) * 1000 if c.t_first is not None and c.t_last is not None else 0.0
+    steps = max(c.n_tokens - 1, 0)
+    out = {"cache_n": c.n_cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+           "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+           "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms else 0.0,
+           "predicted_n": c.n_tokens, "predicted_ms": pred_ms,
+           "predicted_per_token_ms": pred_ms / steps if steps else 0.0,
+           "predicted_per_second": steps * 1000 / pred_ms if pred_ms else 0.0}
+    if c.n_draft:
+        out.update(draft_n=c.n_draft, draft_n_accepted=c.n_draft_accepted)
+    return out
+
+
+def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
+    c = job.choices[i]
+    if c.stops.stopped:
+        return "word", c.stops.matched or ""
+    if finish == "length":
+        return "limit", ""
+    return ("eos", "") if finish else ("none", "")
+
+
+async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]]) -> Job:
+    api.check_fields(req)
+    bad = req.refused()
+    if bad:
+        raise invalid(f"{bad} is not supported by this server", param=bad)
+    if len(prompts) > api.cfg.n_parallel:
+        raise invalid(f"at most {api.cfg.n_parallel} prompts (the server's --parallel)", param="prompt")
+    params = api.sampling(req, req.n_probs or 0, 1)
+    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
+    params[0].grammar = grammar
+    return await api.service.submit([Prompt(p) for p in prompts], params * len(prompts), req.limit,
+                                    ignore_eos=req.ignore_eos, stops=req.stop)
+
+
+async def answer(api: API, request: Request, req: NativeCompletionRequest,
+                 prompts: list[list[int]]) -> Response:
+    """Run the prompts; answer in llama-server's native shape (a list for several prompts)."""
+    job = await submit(api, req, prompts)
+    tok = api.engine.tokenizer
+    k = req.n_probs or 0
+    model = api.cfg.alias or api.cfg.model
+    settings = generation_settings(api, req, api.sampling(req, k, 1)[0])
+    n = len(prompts)
+    texts: list[list[str]] = [[] for _ in range(n)]
+
+    def final(i: int, content: str, ids: list[int], lps: list, finish) -> dict:
+        c = job.choices[i]
+        kind, word = stop_type(job, i, finish)
+        out = {"index": i, "content": content, "tokens": ids, "id_slot": 0, "stop": True,
+               "model": model, "tokens_predicted": c.n_tokens, "tokens_evaluated": c.n_prompt or len(prompts[i]),
+               "generation_settings": settings, "prompt": tok.decode(prompts[i]),
+               "has_new_line": "\n" in "".join(texts[i]), "truncated": False,
+               "stop_type": kind, "stopping_word": word,
+               "tokens_cached": (c.n_prompt or len(prompts[i])) + max(c.n_tokens - 1, 0),
+               "timings": timings(job, i)}
+        if k and not req.stream:          # a stream sent them with each token
+            out["completion_probabilities"] = probs(api, lps, k)
+        return out
+
+    if not req.stream:
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list] = [[] for _ in range(n)]
+        finish: list = [None] * n
+
+        async def collect():
+            async for i, d in job:
+                texts[i].append(d.text)
+                lps[i].extend(d.logprobs)
+                ids[i].extend(t for t, _, _ in d.logprobs)
+                finish[i] = d.finish_reason or finish[i]
+
+        await unless_disconnected(request, job, collect())
+        for i, c in enumerate(job.choices):      # llama-server lists the EOS token among `tokens`
+            if c.eog_token is not None:
+                ids[i].append(c.eog_token)
+        outs = [final(i, "".join(texts[i]), ids[i] if req.return_tokens else [], lps[i], finish[i])
+                for i in range(n)]
+        return JSONResponse(outs[0] if n == 1 else outs)
+
+    async def events():
+        async for i, d in job:
+            texts[i].append(d.text)
+            c = job.choices[i]
+            if d.text or d.logprobs:
+                chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
+                         "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
+                         "tokens_evaluated": c.n_prompt or len(prompts[i])}
+                if k:
+                    chunk["completion_probabilities"] = probs(api, d.logprobs, k)
+                yield chunk
+            if d.finish_reason:
+                yield final(i, "", [], [], d.finish_reason)
+
+    return sse(job, events(), end="")
+
+
+async def completion(api: API, request: Request) -> Response:
+    """POST /completion, /completions: llama-server's native completion."""
+    req = NativeCompletionRequest.model_validate(await api.json_body(request))
+    tok = api.engine.tokenizer
+    prompts = [tokenize_mixed(tok, p) for p in split_prompts(req.prompt)]
+    return await answer(api, request, req, prompts)

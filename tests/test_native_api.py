@@ -1,0 +1,138 @@
+"""llama-server's native endpoints (/completion, /completions, /infill, /props) compared field
+by field with llama-server 11434's answers on the same models (tests/data/native_api: how
+they were made). The differences kept on purpose are in docs/server.md ("llama-server's
+native endpoints")."""
+import json
+import pathlib
+
+import httpx
+import pytest
+
+from ggserve.server.app import ServerConfig, create_app
+from server_harness import RunningServer, sse_events
+from synth_golden import SYNTH
+
+REF = json.loads((pathlib.Path(__file__).parent / "data" / "native_api" / "reference.json").read_text())
+# Values that depend on the machine and the moment, compared by presence only.
+VOLATILE = {"timings", "model"}
+SETTINGS_OURS = {"reasoning_format"}      # the server's own flag's value (llama-server: its default)
+
+
+def case(model: str, name: str) -> dict:
+    return REF["models"][model]["cases"][name]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=2, n_threads=2, n_batch=2048)
+    with RunningServer(create_app(cfg)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    cfg = ServerConfig(model=str(SYNTH / "models" / "synth-qwen3-q8_0.gguf"), n_ctx=4096, n_parallel=1,
+                       n_threads=2, n_batch=2048)
+    with RunningServer(create_app(cfg)) as srv:
+        yield srv
+
+
+def assert_same_answer(got: dict, want: dict):
+    assert set(got) == set(want), (set(got) ^ set(want))
+    for k, v in want.items():
+        if k in VOLATILE:
+            continue
+        if k == "generation_settings":
+            assert set(got[k]) == set(v), set(got[k]) ^ set(v)
+            for sk, sv in v.items():
+                if sk not in SETTINGS_OURS:
+                    assert got[k][sk] == (pytest.approx(sv, rel=1e-6) if isinstance(sv, float) else sv), sk
+        elif k == "completion_probabilities":
+            assert [e["id"] for e in got[k]] == [e["id"] for e in v]
+            for g, w in zip(got[k], v):
+                assert [t["id"] for t in g["top_logprobs"]] == [t["id"] for t in w["top_logprobs"]]
+                assert (g["token"], g["bytes"]) == (w["token"], w["bytes"])
+                assert g["logprob"] == pytest.approx(w["logprob"], abs=0.02)
+        else:
+            assert got[k] == v, k
+    if "timings" in want:
+        assert set(got["timings"]) == set(want["timings"])
+
+
+def post(srv, c: dict) -> httpx.Response:
+    return httpx.post(srv.url + c["path"], json=c["request"], timeout=120)
+
+
+@pytest.mark.parametrize("name", ["text", "alias", "ids_probs", "mixed", "stop_word", "eos"])
+def test_completion_equals_llama_server(smol, name):
+    c = case("smollm2", name)
+    r = post(smol, c)
+    assert r.status_code == 200, r.text
+    assert_same_answer(r.json(), c["answer"])
+
+
+def test_several_prompts_answer_a_list(smol):
+    c = case("smollm2", "multi")
+    got = post(smol, c).json()
+    assert isinstance(got, list) and len(got) == len(c["answer"])
+    for g, w in zip(got, c["answer"]):
+        assert_same_answer(g, w)
+
+
+def test_stream_frames_equal_llama_server(smol):
+    c = case("smollm2", "stream")
+    r = post(smol, c)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    got = sse_events(r)
+    assert "[DONE]" not in got                     # llama-server's native stream has none
+    want = c["answer"]
+    assert [(f["content"], f["tokens"], f["stop"]) for f in got] == \
+        [(f["content"], f["tokens"], f["stop"]) for f in want]
+    for g, w in zip(got, want):
+        assert_same_answer(g, w)
+
+
+def test_missing_prompt_is_a_400(smol):
+    c = case("smollm2", "no_prompt")
+    r = post(smol, c)
+    assert r.status_code == c["status"] == 400
+    assert r.json()["error"]["type"] == c["answer"]["error"]["type"]
+
+
+def test_bad_prompt_is_a_400_naming_it(smol):
+    r = httpx.post(smol.url + "/completion", json={"prompt": [1, 2.5], "n_predict": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(smol.url + "/completion", json={"prompt": [99999999], "n_predict": 1})
+    assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
+
+
+def test_v1_completions_stays_openai(smol):
+    r = httpx.post(smol.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
+    assert r.json()["object"] == "text_completion"
+
+
+# /infill --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["infill", "infill_prompt", "infill_extra"])
+def test_infill_equals_llama_server(qwen, name):
+    c = case("qwen3", name)
+    r = post(qwen, c)
+    assert r.status_code == 200, r.text
+    assert_same_answer(r.json(), c["answer"])    # `prompt` is the FIM layout, detokenized
+
+
+@pytest.mark.parametrize("name", ["infill_no_prefix", "infill_bad_extra"])
+def test_infill_bad_request_is_a_400(qwen, name):
+    c = case("qwen3", name)
+    r = post(qwen, c)
+    assert r.status_code == c["status"] == 400, r.text
+    if "must" in c["answer"]["error"]["message"]:
+        assert r.json()["error"]["message"] == c["answer"]["error"]["message"]
+
+
+def test_infill_without_fim_tokens_is_a_501(smol):
+    c = case("smollm2", "infill_no_fim")
+    r = post(smol, c)
+    assert r.status_code == c["status"] == 501
+    assert r.json()["error"]["message"] == c["answer"]["error"]["message"]
+    assert r.json()["error"]["type"] == c["answer"]["error"]["type"]
