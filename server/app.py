@@ -1,6 +1,8 @@
 """The HTTP API: a Starlette app serving OpenAI's endpoints on top of Service.
 
 Routes: /v1/chat/completions, /v1/completions (server/generation_api.py),
+/completion, /completions (llama-server's native shape: server/native_api.py), /infill
+(server/infill.py),
 /v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
 /v1/embeddings, /embeddings, /embedding (server/embeddings_api.py),
 /v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), /slots
@@ -24,11 +26,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import anthropic_api, chat_page, responses_api
+from . import anthropic_api, chat_page, native_api, responses_api
 from .api import API
 from .embeddings_api import embeddings_native, embeddings_oai
 from .errors import exception_handlers, to_api_error
 from .generation_api import apply_template, chat, completions
+from .infill import infill
 from .media import MediaConfig
 from .metrics import Metrics
 from .service import Service
@@ -138,7 +141,9 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/v1/models", "/models"), api.models, ["GET"], "models"),
         (("/metrics",), api.metrics_endpoint, ["GET"], "metrics"),
         (("/v1/chat/completions", "/chat/completions"), functools.partial(chat, api), ["POST"], "chat"),
-        (("/v1/completions", "/completions"), functools.partial(completions, api), ["POST"], "completions"),
+        (("/v1/completions",), functools.partial(completions, api), ["POST"], "completions"),
+        (("/completion", "/completions"), functools.partial(native_api.completion, api), ["POST"], "completion"),
+        (("/infill",), functools.partial(infill, api), ["POST"], "infill"),
         (("/apply-template",), functools.partial(apply_template, api), ["POST"], "apply_template"),
         (("/tokenize",), api.tokenize, ["POST"], "tokenize"),
         (("/v1/embeddings",), functools.partial(embeddings_oai, api), ["POST"], "embeddings"),
