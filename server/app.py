@@ -66,6 +66,7 @@ class ServerConfig:
     slot_prompt_similarity: float = 0.1       # --slot-prompt-similarity
     cache_ram_mb: int = 8192                  # --cache-ram: host-RAM prompt cache (0: off, -1: no limit)
     slots_endpoint: bool = True               # GET /slots (--no-slots)
+    props_endpoint: bool = False              # POST /props (--props)
     slot_save_path: str | None = None         # POST /slots/{id}?action=save|restore|erase
     media: MediaConfig = field(default_factory=MediaConfig)
     webui: bool = True

@@ -106,6 +106,8 @@ def serve_parser() -> argparse.ArgumentParser:
           help="accepted for llama-server compatibility: GET /slots is on unless --no-slots")
     _flag(p, "--slot-save-path", env="LLAMA_ARG_SLOT_SAVE_PATH", metavar="PATH", dest="slot_save_path",
           help="folder for slot files: POST /slots/{id}?action=save|restore|erase (default: off)")
+    _flag(p, "--props", env="LLAMA_ARG_ENDPOINT_PROPS", flag=True, dest="props",
+          help="accept POST /props (it changes nothing, as in llama-server 11434); without it a 501")
     _flag(p, "--no-kernel-parity", env="GGSERVE_NO_KERNEL_PARITY", flag=True,
           help="compute each batch with plain ggml calls instead of reproducing, row by "
                "row, the CPU kernel llama.cpp would use (results then differ from "
@@ -306,7 +308,7 @@ def config_from_args(args):
         mmproj=args.mmproj, image_cache_mb=args.image_cache_mb, max_stall_ms=args.max_stall_ms,
         kernel_parity=not args.no_kernel_parity,
         slot_prompt_similarity=args.slot_prompt_similarity, cache_ram_mb=args.cache_ram,
-        slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
+        slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path, props_endpoint=bool(args.props),
         webui=not args.no_webui, chat_template=args.chat_template,
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,

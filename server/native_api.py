@@ -168,8 +168,6 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     bad = req.refused()
     if bad:
         raise invalid(f"{bad} is not supported by this server", param=bad)
-    if len(prompts) > api.cfg.n_parallel:
-        raise invalid(f"at most {api.cfg.n_parallel} prompts (the server's --parallel)", param="prompt")
     params = api.sampling(req, req.n_probs or 0, 1)
     grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
     params[0].grammar = grammar

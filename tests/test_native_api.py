@@ -24,7 +24,7 @@ def case(model: str, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
-    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=2, n_threads=2, n_batch=2048)
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2, n_batch=2048)
     with RunningServer(create_app(cfg)) as srv:
         yield srv
 
@@ -136,3 +136,40 @@ def test_infill_without_fim_tokens_is_a_501(smol):
     assert r.status_code == c["status"] == 501
     assert r.json()["error"]["message"] == c["answer"]["error"]["message"]
     assert r.json()["error"]["type"] == c["answer"]["error"]["type"]
+
+
+# /props ---------------------------------------------------------------------------------
+
+# Kept different on purpose (docs/server.md): the model's name as /v1/models gives it, the
+# build, and the image marker (llama-server draws a random one per process).
+PROPS_OURS = {"model_alias", "model_path", "build_info", "media_marker", "total_slots", "endpoint_props",
+              "default_generation_settings"}
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen3"])
+def test_props_equal_llama_server(request, model):
+    srv = request.getfixturevalue({"smollm2": "smol", "qwen3": "qwen"}[model])
+    want = REF["models"][model]["props"]
+    got = httpx.get(srv.url + "/props").json()
+    assert set(got) == set(want), set(got) ^ set(want)
+    for k, v in want.items():
+        if k not in PROPS_OURS:
+            assert got[k] == v, k
+    gs, ws = got["default_generation_settings"], want["default_generation_settings"]
+    assert gs["n_ctx"] == ws["n_ctx"]
+    assert set(gs["params"]) == set(ws["params"])
+    for k, v in ws["params"].items():
+        if k not in SETTINGS_OURS:
+            assert gs["params"][k] == (pytest.approx(v, rel=1e-6) if isinstance(v, float) else v), k
+
+
+def test_post_props_needs_the_flag(smol):
+    r = httpx.post(smol.url + "/props", json={})
+    assert r.status_code == 501 and "--props" in r.json()["error"]["message"]
+
+
+def test_post_props_with_the_flag(smollm2_path):
+    cfg = ServerConfig(model=smollm2_path, n_ctx=512, n_parallel=1, n_threads=2, props_endpoint=True)
+    with RunningServer(create_app(cfg)) as srv:
+        assert httpx.post(srv.url + "/props", json={}).json() == {"success": True}
+        assert httpx.get(srv.url + "/props").json()["endpoint_props"] is True
