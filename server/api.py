@@ -4,7 +4,7 @@ parameters) and the small endpoints: /health, /v1/models, /metrics, /tokenize,
 from __future__ import annotations
 
 import copy
-import json
+import functools
 import math
 import os
 from typing import Any
@@ -14,11 +14,13 @@ from starlette.responses import JSONResponse, Response
 
 from . import schemas as S
 from .errors import APIError, invalid
+from .limits import json_object, key_matches
 from .metrics import Metrics
 from .service import Service
 
 # Reachable without the API key, as in llama-server.
 _PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}
+DEFAULT_MAX_BODY = 64 * 2**20    # --max-body-mb
 
 
 class API:
@@ -69,21 +71,12 @@ class API:
         if not key:
             raise APIError(401, "Missing API key: send `Authorization: Bearer <key>` or "
                                 "`x-api-key: <key>`", code="invalid_api_key")
-        if key not in self.cfg.api_keys:
+        if not key_matches(key, self.cfg.api_keys):
             raise APIError(401, "Invalid API key", code="invalid_api_key")
 
-    @staticmethod
-    async def json_body(request: Request) -> dict:
-        raw = await request.body()
-        if not raw.strip():
-            raise invalid("Request body is empty; expected a JSON object")
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise invalid(f"Invalid JSON in request body: {e}")
-        if not isinstance(body, dict):
-            raise invalid("Request body must be a JSON object")
-        return body
+    async def json_body(self, request: Request) -> dict:
+        """The body as a JSON object (server/limits.py: size, nesting, Unicode)."""
+        return await json_object(request, getattr(self.cfg, "max_body_bytes", DEFAULT_MAX_BODY))
 
     def sampling(self, req: S._Sampling, n_probs: int, n: int) -> list:
         """One SamplingParams per choice (an explicit seed differs per choice)."""
@@ -161,8 +154,9 @@ class API:
     async def tokenize(self, request: Request) -> Response:
         req = S.TokenizeRequest.model_validate(await self.json_body(request))
         tok = self.engine.tokenizer
-        ids = tok.encode(req.content, add_special=req.add_special,
-                         parse_special=req.parse_special)
+        # a long text takes seconds: on the prompt thread, not the event loop
+        ids = await self.service.on_prompt_thread(functools.partial(
+            tok.encode, req.content, add_special=req.add_special, parse_special=req.parse_special))
         if not req.with_pieces:
             return JSONResponse({"tokens": ids})
         pieces = []

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from . import anthropic_api, chat_page, native_api, responses_api
 from .api import API
 from .embeddings_api import embeddings_native, embeddings_oai
-from .errors import exception_handlers, to_api_error
+from .errors import APIError, exception_handlers, to_api_error
 from .generation_api import apply_template, chat, completions
 from .infill import infill
 from .media import MediaConfig
@@ -78,6 +78,8 @@ class ServerConfig:
     pooling: str | None = None                # --pooling (None: the GGUF's)
     embd_normalize: int = 2                   # --embd-normalize: a request's default
     spec: object = None                       # server/speculative.SpecConfig (None: none)
+    max_body_bytes: int = 64 * 2**20          # --max-body-mb: larger request bodies get 413
+    timeout: float = 600.0                    # -to/--timeout: a stream's client may stall this long
 
 
 def load_engine(cfg: ServerConfig):
@@ -127,6 +129,9 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         """errors: APIError -> Response, for APIs with their own error shape (Anthropic's)."""
         async def endpoint(request: Request) -> Response:
             try:
+                if service.draining:
+                    raise APIError(503, "Server is shutting down", code="shutting_down",
+                                   headers={"Retry-After": "5"})
                 api.check_auth(request)
                 response = await fn(request)
             except Exception as e:

@@ -14,6 +14,7 @@ from .api import API
 from .chat_options import ChatOptions, chat_options, compile_grammar, completion_options
 from .chat_output import Format, shown_tokens
 from .errors import APIError, invalid, to_api_error
+from .limits import TimedStreamingResponse
 from .media import MediaError, load_image
 from .prompts import Prompt
 from .request_errors import RequestError
@@ -289,10 +290,11 @@ def sse(job: Job, events, framer=frame, end: str = "data: [DONE]\n\n") -> Stream
         except Exception as e:
             err = to_api_error(e)
             yield f"data: {json.dumps(err.body(), ensure_ascii=False)}\n\n"
+            yield end                   # the client can tell an ended stream from a cut one
         finally:
             job.close()
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers={
+    return TimedStreamingResponse(body(), media_type="text/event-stream", headers={
         "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

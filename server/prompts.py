@@ -6,6 +6,7 @@ vision model's preprocessing), never the engine's state.
 """
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,10 @@ import numpy as np
 from ggserve.models.vision.arrange import MEDIA_MARKER, arrange, mrope_positions
 from ggserve.server.chat_turns import turn_cuts
 from ggserve.server.request_errors import ImagesNotSupported
+
+# Image parts of a chat render as this per-process random marker, so text a user
+# types (a literal "<__media__>" included) can never stand for an image.
+CHAT_MARKER = f"<__media_{secrets.token_hex(16)}__>"
 
 
 @dataclass
@@ -49,9 +54,10 @@ class PromptBuilder:
         extra = dict(template_kwargs or {})
         if continue_final:
             extra["continue_final_message"] = True
-        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools, **extra)
-        prompt = self.build(text, images)
-        prompt.text = text
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools,
+                                         image_marker=CHAT_MARKER, **extra)
+        prompt = self.build(text, images, marker=CHAT_MARKER)
+        prompt.text = text.replace(CHAT_MARKER, MEDIA_MARKER)    # as shown (/apply-template)
         bos = self.tokenizer.bos_id
         ids = prompt.tokens
         # a template that writes the BOS text itself, plus add_special: one BOS only
@@ -59,13 +65,14 @@ class PromptBuilder:
             prompt = Prompt(ids[1:], [], turn_cuts(ids[1:], (), self.delimiters), text)
         return prompt
 
-    def build(self, text: str, images: list = ()) -> Prompt:
+    def build(self, text: str, images: list = (), marker: str = MEDIA_MARKER) -> Prompt:
         """Rendered chat text with one media marker per image -> Prompt.
 
-        images: (sha256, PIL image) pairs in marker order. Without images the text is
+        images: (sha256, PIL image) pairs in marker order (chats use CHAT_MARKER, which user text
+        cannot contain). Without images the text is
         tokenized as llama-server does (BOS per the model, special tokens parsed).
         """
-        parts = text.split(MEDIA_MARKER)
+        parts = text.split(marker)
         if len(parts) - 1 != len(images):
             raise ValueError(f"the prompt has {len(parts) - 1} image markers for {len(images)} images")
         if not images:

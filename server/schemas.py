@@ -107,7 +107,7 @@ class _Sampling(_Model):
         for key, bias in v.items():
             if isinstance(bias, bool) or not isinstance(bias, (int, float)):
                 raise ValueError(f"bias for token {key} must be a number")
-            if not key.lstrip("-").isdigit() or int(key) < 0:
+            if not (key.isascii() and key.isdigit()):     # "１" is a digit to str.isdigit
                 raise ValueError(f"keys must be token ids, got {key!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"bias for token {key} must be in [-100, 100]")

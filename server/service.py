@@ -59,6 +59,7 @@ class Service:
         self.ready = False
         self.load_error: BaseException | None = None
         self.lost: str | None = None          # why the engine stopped for good (an RPC worker lost)
+        self.draining = False                 # shutting down: new requests get 503 (server/shutdown.py)
         self._remote = False                  # does the engine run on RPC workers (which can be lost)?
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-engine")
         self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
@@ -241,6 +242,15 @@ class Service:
                            code="worker_lost")
         if not self.ready:
             raise APIError(503, "Loading model", code="model_loading", headers={"Retry-After": "5"})
+
+    busy = property(lambda self: bool(self._live or self._adds), doc="requests queued or running")
+
+    def end_all(self, err: APIError) -> None:
+        """End every request with err; closing its job cancels it."""
+        for fut in (f for _, f in self._adds if not f.done()):
+            fut.set_exception(err)
+        for job in {id(j): j for j, _ in self._live.values()}.values():
+            job.queue.put_nowait(err)
 
     def cancel(self, request_id: str) -> None:
         """Cancel an engine request; applied before the next step."""

@@ -1,0 +1,134 @@
+"""What a request may carry and how long a client may stall: the body size limit
+(413), JSON that is valid UTF-8 with bounded nesting and no lone surrogates (400),
+large bodies parsed off the event loop, the constant-time API key check, and the
+write timeout of streamed responses (--timeout)."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from .errors import APIError, invalid
+
+MAX_DEPTH = 64                  # nested arrays/objects in a body (tool schemas need ~10)
+OFF_LOOP_BYTES = 256 * 1024     # bodies at least this big are parsed on a worker thread
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"Request body is larger than the server's limit of {limit} bytes "
+                         f"(--max-body-mb)", code="request_too_large")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes `limit` bytes (before reading
+    it all when Content-Length says so)."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > limit:
+        raise too_large(limit)
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    request._body = body        # later request.body() calls see it (starlette caches it there)
+    return body
+
+
+def parse_json(raw: bytes) -> object:
+    """raw -> JSON value; every malformed body is an APIError 400."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid(f"Request body is not valid UTF-8: {e}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise invalid(f"Invalid JSON in request body: {e}") from None
+    except RecursionError:
+        raise invalid(f"JSON nesting is deeper than {MAX_DEPTH} levels") from None
+    check_value(value)
+    return value
+
+
+def check_value(value: object) -> None:
+    """Bounded nesting and strings that are Unicode text (a lone UTF-16 surrogate
+    escape such as "\\ud800" parses, but no later layer can encode it)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            items = list(v.items())
+            stack.extend((k, depth) for k, _ in items)
+            stack.extend((x, depth + 1) for _, x in items)
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise invalid("A JSON string holds a lone UTF-16 surrogate "
+                                  "(\\ud800-\\udfff not in a pair)") from None
+            continue
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise invalid(f"JSON nesting is deeper than {MAX_DEPTH} levels")
+
+
+async def json_object(request: Request, limit: int) -> dict:
+    """A request's JSON object body; big ones are parsed off the event loop."""
+    raw = await read_body(request, limit)
+    if not raw.strip():
+        raise invalid("Request body is empty; expected a JSON object")
+    if len(raw) >= OFF_LOOP_BYTES:
+        body = await asyncio.to_thread(parse_json, raw)
+    else:
+        body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise invalid("Request body must be a JSON object")
+    return body
+
+
+def key_matches(key: str, keys: list[str]) -> bool:
+    """Constant-time over every key: no early exit on the first match."""
+    given = key.encode("utf-8", "surrogatepass")
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(given, k.encode("utf-8"))
+    return ok
+
+
+class TimedStreamingResponse(StreamingResponse):
+    """A stream whose client stops reading for `timeout` seconds is ended: the
+    write raises, the body generator is closed (which cancels its engine job and
+    frees its KV cells) and the connection is dropped."""
+
+    def __init__(self, *args, timeout: float | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.timeout = timeout
+
+    async def __call__(self, scope, receive, send) -> None:
+        app = scope.get("app")
+        timeout = self.timeout or getattr(getattr(getattr(app, "state", None), "config", None),
+                                          "timeout", None)
+        if not timeout:
+            return await super().__call__(scope, receive, send)
+
+        async def timed_send(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), timeout)
+            except asyncio.TimeoutError:
+                raise OSError(f"client did not read for {timeout:g} s (--timeout)") from None
+
+        try:
+            await super().__call__(scope, receive, timed_send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
