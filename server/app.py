@@ -79,6 +79,8 @@ class ServerConfig:
     embd_normalize: int = 2                   # --embd-normalize: a request's default
     spec: object = None                       # server/speculative.SpecConfig (None: none)
     max_body_bytes: int = 64 * 2**20          # --max-body-mb: larger request bodies get 413
+    sampling_defaults: dict = field(default_factory=dict)   # --temp, --seed: a request's defaults
+    n_predict: int = -1                       # -n: a request's default token limit (-1: none)
     timeout: float = 600.0                    # -to/--timeout: a stream's client may stall this long
 
 
@@ -123,6 +125,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
                       metrics=metrics, make_request=make_request,
                       make_decoder=make_decoder,
                       **({"make_prompts": make_prompts} if make_prompts else {}))
+    service.default_max_tokens = cfg.n_predict
     api = API(cfg, service, metrics)
 
     def route(path, fn, methods, name, errors=None):

@@ -13,6 +13,7 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
+from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, sampling_defaults
 from ggserve.server.speculative import TYPES, SpecConfig
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
@@ -174,6 +175,7 @@ def serve_parser() -> argparse.ArgumentParser:
           help="do not serve the chat page at / (the API, /props included, stays)")
     _flag(p, "-v", "--verbose", env="LLAMA_ARG_VERBOSE", flag=True,
           help="debug logging")
+    add_llama_flags(p)
     return p
 
 
@@ -278,6 +280,7 @@ def config_from_args(args):
                          "chunks would keep K/V computed after other tokens, so answers would differ")
     if args.slot_save_path and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"ggserve serve: --slot-save-path: not a directory: {args.slot_save_path}")
+    check_llama_flags(args)
     if args.embd_normalize < -1:
         raise SystemExit("ggserve serve: --embd-normalize must be >= -1")
     rpc = tuple(e.strip() for e in (args.rpc or "").split(",") if e.strip())
@@ -313,7 +316,7 @@ def config_from_args(args):
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,
         embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
-        spec=_spec_config(args),
+        spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,

@@ -52,6 +52,7 @@ class Service:
         self.grammars = None                  # server/grammar.py Grammars, idem
         self._make_prompts = make_prompts
         self.n_parallel = n_parallel
+        self.default_max_tokens = -1
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
         self._make_request = make_request
@@ -158,6 +159,8 @@ class Service:
         queue full). output() makes each choice's ChatOutput (reasoning and tool
         calls); show_tokens: control tokens whose text the output keeps (their markers)."""
         self._check_usable()
+        if max_tokens is None and not embed:
+            max_tokens = self.default_max_tokens          # -n (-1: until the context)
         n_ctx = self.engine.n_ctx
         outstanding = len(self._live) + sum(len(j.choices) for j, _ in self._adds)
         if outstanding + len(prompts) > self.n_parallel + self.max_queue:

@@ -1,0 +1,77 @@
+"""llama-server flags that `ggserve serve` takes as llama-server does, or accepts because they change nothing here.
+
+Taken: --temp, -s/--seed and -n/--n-predict (every request's default, as llama-server's sampling defaults),
+--no-ui (= --no-webui). Accepted with no effect, each for the reason in its help: --offline,
+--no-jinja, -cb/--cont-batching, -ub/--ubatch-size, -fa/--flash-attn, --swa-full.
+--host may list several addresses (`127.0.0.1,::1`), as llama-server 11434; see bind_sockets.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+
+_SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
+
+
+def add_llama_flags(p) -> None:
+    p.add_argument("--temp", type=float, default=None, metavar="N",
+                   help="default temperature of requests that give none (default: 0.8)")
+    p.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
+                   help="default seed of requests that give none (-1: random, the default)")
+    p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N", dest="n_predict",
+                   help="default number of tokens to generate for requests that give none (-1: until the context)")
+    p.add_argument("--no-ui", action="store_true", dest="no_webui", default=argparse.SUPPRESS,
+                   help="same as --no-webui (llama-server's spelling)")
+    p.add_argument("--offline", action="store_true",
+                   help="accepted for llama-server compatibility: ggserve never downloads models")
+    p.add_argument("--no-jinja", action="store_true",
+                   help="accepted for llama-server compatibility: templates are always rendered with Jinja")
+    p.add_argument("-cb", "--cont-batching", action="store_true",
+                   help="accepted for llama-server compatibility: batching is always continuous")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=None, metavar="N",
+                   help="accepted for llama-server compatibility: ggserve has no separate physical batch")
+    p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default=None,
+                   help="accepted for llama-server compatibility: attention is computed as the CPU "
+                        "build of llama.cpp 11434 computes it by default")
+    p.add_argument("--swa-full", action="store_true",
+                   help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
+
+
+def check_llama_flags(args) -> None:
+    if args.temp is not None and args.temp < 0:
+        raise SystemExit("ggserve serve: --temp must be >= 0")
+    if args.seed is not None and args.seed < -1:
+        raise SystemExit("ggserve serve: --seed must be >= 0, or -1 (random)")
+    if args.n_predict < -1:
+        raise SystemExit("ggserve serve: --n-predict must be >= 0, or -1 (until the context)")
+
+
+def sampling_defaults(args) -> dict:
+    """SamplingParams fields a request that leaves them out takes from the command line."""
+    out = {}
+    if args.temp is not None:
+        out["temperature"] = args.temp
+    if args.seed is not None and args.seed not in (-1, _SEED_RANDOM):
+        out["seed"] = args.seed
+    return out
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for each address in a comma-separated --host (IPv6 ones only IPv6)."""
+    socks = []
+    try:
+        for h in (x.strip() for x in host.split(",") if x.strip()):
+            fam = socket.AF_INET6 if ":" in h else socket.AF_INET
+            s = socket.socket(fam, socket.SOCK_STREAM)
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if fam == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind((h, port))
+            s.listen(2048)
+            s.set_inheritable(True)
+    except OSError as e:
+        for s in socks:
+            s.close()
+        raise SystemExit(f"ggserve serve: --host {host}: cannot listen on port {port}: {e}")
+    return socks

@@ -1,0 +1,63 @@
+"""llama-server's command line and response details that llama.cpp's own server test suite
+(scripts/llama_server_suite.py) relies on."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from ggserve.server.app import ServerConfig, create_app
+from ggserve.server.cli import config_from_args, serve_parser
+from server_harness import RunningServer
+
+# What tools/server/tests/utils.py (llama.cpp 11434) passes to every server it starts.
+SUITE_ARGV = ["--port", "8080", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1", "--offline",
+              "--ctx-size", "512", "--parallel", "2", "--n-predict", "64", "--batch-size", "32",
+              "--ubatch-size", "32", "-fa", "on", "--cont-batching", "--no-slots", "--no-jinja", "--no-ui"]
+
+
+def test_suite_argv_parses_into_request_defaults(smollm2_path):
+    cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path, *SUITE_ARGV]))
+    assert cfg.sampling_defaults == {"temperature": 0.8, "seed": 42}
+    assert cfg.n_predict == 64
+    assert cfg.webui is False and cfg.slots_endpoint is False
+
+
+def test_seed_minus_one_is_random_and_no_ui_default_keeps_webui(smollm2_path):
+    cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path, "--seed", "-1"]))
+    assert cfg.sampling_defaults == {} and cfg.n_predict == -1 and cfg.webui is True
+
+
+def test_bad_n_predict_names_the_flag(smollm2_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        config_from_args(serve_parser().parse_args(["-m", smollm2_path, "-n", "-2"]))
+    assert "--n-predict" in str(e.value.code)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=512, n_parallel=1,
+                                               n_predict=5, sampling_defaults={"temperature": 0.8, "seed": 42}))) as s:
+        yield s
+
+
+CHAT = {"messages": [{"role": "user", "content": "Tell me a long story about a cat."}]}
+
+
+def test_n_predict_is_the_default_limit(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=120).json()
+    assert r["usage"]["completion_tokens"] == 5 and r["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 7}, timeout=120).json()
+    assert r["usage"]["completion_tokens"] == 7
+
+
+def test_seed_default_makes_sampled_answers_repeat(server):
+    a, b, c = (httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 12, **extra},
+                          timeout=120).json()["choices"][0]["message"]["content"]
+               for extra in ({}, {}, {"seed": 42}))
+    assert a == b == c
