@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
+from .cors import CORS
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -177,9 +177,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
 
     middleware = []
     if cfg.cors_origins:
-        middleware.append(Middleware(
-            CORSMiddleware, allow_origins=cfg.cors_origins, allow_methods=["*"],
-            allow_headers=["*"], allow_credentials="*" not in cfg.cors_origins))
+        middleware.append(Middleware(CORS, origins=cfg.cors_origins))     # server/cors.py: as llama-server
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers=exception_handlers)
     app.state.service = service

@@ -61,3 +61,67 @@ def test_seed_default_makes_sampled_answers_repeat(server):
                           timeout=120).json()["choices"][0]["message"]["content"]
                for extra in ({}, {}, {"seed": 42}))
     assert a == b == c
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+def test_host_lists_several_addresses(smollm2_path):
+    port = _free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "ggserve")
+    p = subprocess.Popen([exe, "serve", "-m", smollm2_path, "--port", str(port), "--host", "127.0.0.1,::1",
+                          "-c", "256", "-np", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, seen = time.monotonic() + 120, set()
+        while time.monotonic() < deadline and len(seen) < 2 and p.poll() is None:
+            for host in ("127.0.0.1", "[::1]"):
+                try:
+                    if httpx.get(f"http://{host}:{port}/health", timeout=2).status_code == 200:
+                        seen.add(host)
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.2)
+        assert seen == {"127.0.0.1", "[::1]"}
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
+
+
+def test_cors_default_echoes_any_origin_before_auth(smollm2_path):
+    # llama-server 11434 with its default --cors-origins '*' and an API key set
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=256, n_parallel=1,
+                                               api_keys=["k"]))) as s:
+        r = httpx.options(s.url + "/completions", headers={"Origin": "web.mydomain.fr", **PREFLIGHT})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "web.mydomain.fr"
+        assert r.headers["access-control-allow-credentials"] == "true"
+        assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert r.headers["access-control-allow-headers"] == "*"
+        r = httpx.get(s.url + "/health", headers={"Origin": "localhost"})
+        assert r.headers["access-control-allow-origin"] == "localhost"
+
+
+@pytest.mark.parametrize("origin,echoed", [
+    ("http://localhost", True), ("http://localhost:8080", True), ("http://127.0.0.1:3000", True),
+    ("http://[::1]", True), ("http://[::1]:3000", True), ("http://evil.com", False),
+    ("http://localhost.evil.com", False), ("http://notlocalhost", False)])
+def test_cors_localhost_reflects_only_local_origins(origin, echoed):
+    from ggserve.server.cors import CORS
+
+    assert (CORS(None, ["localhost"]).allowed(origin) == origin) is echoed
+
+
+def test_cors_localhost_on_a_server(smollm2_path):
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=256, n_parallel=1,
+                                               cors_origins=["localhost"]))) as s:
+        r = httpx.options(s.url + "/completions", headers={"Origin": "http://[::1]:3000", **PREFLIGHT})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://[::1]:3000"
+        r = httpx.options(s.url + "/completions", headers={"Origin": "http://evil.com", **PREFLIGHT})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
