@@ -1,5 +1,7 @@
 """Prometheus metrics of one server, in its own registry (several apps may
-live in one process, as in tests)."""
+live in one process, as in tests): ggserve's own (ggserve_*) and, beside them, the
+`llamacpp:*` series llama-server 11434 exports (tools/server/server-task.cpp
+to_metrics), same names, types and meanings, so dashboards built for it read these."""
 from __future__ import annotations
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
@@ -56,6 +58,26 @@ class Metrics:
             "ggserve_step_seconds", "Duration of one engine step",
             buckets=_LATENCY_BUCKETS, registry=r)
 
+        # llama-server's series not derived from the ones above
+        self.n_decode = 0             # engine steps (llama_decode calls)
+        self.n_busy = 0               # sequences that got a token, summed over steps
+        self.n_tokens_max = 0         # longest prompt + generation seen (less the last token)
+        self._lengths: dict[str, int] = {}      # request id -> prompt + tokens so far
+        self._window = (0.0, 0.0, 0.0, 0.0)     # throughput gauges average since the last scrape
+
+    def on_step(self, seconds: float, events) -> None:
+        self.step_seconds.observe(seconds)
+        self.n_decode += 1
+        self.n_busy += len({ev.request_id for ev in events if ev.token is not None})
+
+    def on_event(self, ev) -> None:
+        if ev.token is not None:
+            n = self._lengths.get(ev.request_id, ev.n_prompt - 1) + 1     # llama-server: n_past
+            self._lengths[ev.request_id] = n
+            self.n_tokens_max = max(self.n_tokens_max, n)
+        if ev.finish_reason is not None:
+            self._lengths.pop(ev.request_id, None)
+
     def set_engine_stats(self, stats: dict) -> None:
         self.kv_used.set(stats.get("kv_used", 0))
         self.kv_total.set(stats.get("kv_total", 0))
@@ -70,4 +92,59 @@ class Metrics:
         self.spec_rate.set(stats.get("spec_accepted_tokens", 0) / drafted if drafted else 0.0)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + self.render_llamacpp().encode()
+
+    @staticmethod
+    def _value(metric, suffix: str) -> float:
+        return next(s.value for m in metric.collect() for s in m.samples if s.name.endswith(suffix))
+
+    def render_llamacpp(self) -> str:
+        """llama-server's /metrics text: prompt time is arrival to first token (queueing
+        included), generation time the gaps between a sequence's tokens."""
+        cached = self._value(self.cached_tokens, "_total")
+        prompt = max(self._value(self.prompt_tokens, "_total") - cached, 0.0)
+        prompt_s = self._value(self.ttft, "_sum")
+        predicted = self._value(self.generated_tokens, "_total")
+        predicted_s = self._value(self.inter_token, "_sum")
+        p0, ps0, g0, gs0 = self._window
+        self._window = (prompt, prompt_s, predicted, predicted_s)
+
+        def rate(n, t):
+            return n / t if t > 0 else 0.0
+
+        counters = [
+            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", prompt),
+            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", cached),
+            ("prompt_seconds_total", "Total time spent processing prompts", prompt_s),
+            ("tokens_predicted_total", "Number of generation tokens processed", predicted),
+            ("tokens_predicted_seconds_total", "Total time spent generating tokens", predicted_s),
+            ("n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding "
+                               "and multimodal decoding", self.n_decode),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", self.n_tokens_max),
+            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+             self._value(self.spec_draft, "")),
+            ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the "
+                                                      "target model", self._value(self.spec_accepted, "")),
+            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+             self._value(self.spec_drafts, "")),
+        ]
+        gauges = [
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", rate(prompt - p0, prompt_s - ps0)),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+             rate(predicted - g0, predicted_s - gs0)),
+            ("requests_processing", "Number of requests processing", self._value(self.running, "")),
+            ("requests_deferred", "Number of requests deferred", self._value(self.queue_depth, "")),
+            ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+             self.n_busy / max(self.n_decode, 1)),
+        ]
+        out = []
+        for kind, items in (("counter", counters), ("gauge", gauges)):
+            for name, help_, value in items:
+                out.append(f"# HELP llamacpp:{name} {help_}\n# TYPE llamacpp:{name} {kind}\n"
+                           f"llamacpp:{name} {_num(value)}\n")
+        return "".join(out)
+
+
+def _num(v: float) -> str:
+    """As C++ streams print a double (6 significant digits): 12, 0.5, 85.7896."""
+    return f"{float(v):.6g}"

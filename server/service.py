@@ -307,7 +307,7 @@ class Service:
             return
         t0 = time.perf_counter()
         events = await self._engine_call(self.engine.step)
-        self.metrics.step_seconds.observe(time.perf_counter() - t0)
+        self.metrics.on_step(time.perf_counter() - t0, events)
         self._dispatch(events)
 
     async def _engine_call(self, fn, *args):
@@ -362,6 +362,7 @@ class Service:
                 continue  # cancelled while the step ran
             job, index = entry
             c = job.choices[index]
+            m.on_event(ev)
             if ev.token is not None:
                 m.generated_tokens.inc()
                 if c.t_first is None:

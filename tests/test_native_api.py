@@ -24,7 +24,7 @@ def case(model: str, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
-    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2, n_batch=2048)
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2, n_batch=2048, metrics=True)
     with RunningServer(create_app(cfg)) as srv:
         yield srv
 
@@ -173,3 +173,43 @@ def test_post_props_with_the_flag(smollm2_path):
     with RunningServer(create_app(cfg)) as srv:
         assert httpx.post(srv.url + "/props", json={}).json() == {"success": True}
         assert httpx.get(srv.url + "/props").json()["endpoint_props"] is True
+
+
+# metrics --------------------------------------------------------------------------------
+
+def metric_lines(text: str) -> dict:
+    """llamacpp:* series -> (HELP, TYPE, value)."""
+    out, help_, kind = {}, {}, {}
+    for line in text.splitlines():
+        if line.startswith("# HELP llamacpp:"):
+            name, _, h = line[len("# HELP "):].partition(" ")
+            help_[name] = h
+        elif line.startswith("# TYPE llamacpp:"):
+            name, _, k = line[len("# TYPE "):].partition(" ")
+            kind[name] = k
+        elif line.startswith("llamacpp:"):
+            name, _, v = line.partition(" ")
+            out[name] = (help_[name], kind[name], float(v))
+    return out
+
+
+def test_llamacpp_metrics_equal_llama_server(smollm2_path):
+    """A fresh server, one /completion: llama-server's series, help texts and types, and the
+    same counts (times differ: only checked to be positive)."""
+    want = metric_lines(REF["models"]["smollm2"]["metrics"])
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2, metrics=True)
+    with RunningServer(create_app(cfg)) as srv:
+        c = case("smollm2", "text")
+        assert post(srv, c).status_code == 200
+        text = httpx.get(srv.url + "/metrics").text
+    got = metric_lines(text)
+    assert "ggserve_generated_tokens_total 8.0" in text          # ours stay beside them
+    assert set(got) == set(want)
+    timed = {"llamacpp:prompt_seconds_total", "llamacpp:tokens_predicted_seconds_total",
+             "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds"}
+    for name, (h, k, v) in want.items():
+        assert got[name][:2] == (h, k), name
+        if name in timed:
+            assert got[name][2] > 0, name
+        else:
+            assert got[name][2] == v, name

@@ -10,9 +10,10 @@ synthetic Qwen3 file (it has FIM tokens; SmolLM2's GGUF has none), each with
 (CTX 2048 for SmolLM2, 4096 for Qwen3: /infill keeps n_ctx - n_batch(2048) - 2 * n_predict(-1)
 tokens of `input_extra`, so 4096 keeps all of it)
 
-posts every case of CASES (/completion, /completions, /infill; greedy) and GET /props,
-and writes reference.json beside this file: per case the request and llama-server's
-answer (a streamed answer as the list of its `data:` frames).
+(SmolLM2 also with --metrics), posts every case of CASES (/completion, /completions,
+/infill; greedy) and GET /props, and writes reference.json beside this file: per case the
+request and llama-server's answer (a streamed answer as the list of its `data:` frames);
+for SmolLM2 `metrics`, GET /metrics after the first case alone.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ CTX = {"smollm2": 2048, "qwen3": 4096}
 def record(binary: str, model: str, cases, ctx: int) -> tuple[list[str], dict, dict]:
     port = free_port()
     cmd = [binary, "-m", model, "-c", str(ctx), "-np", "1", "-t", "2", "--host", "127.0.0.1",
-           "--port", str(port)]
+           "--port", str(port)] + (["--metrics"] if ctx == CTX["smollm2"] else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -100,12 +101,14 @@ def record(binary: str, model: str, cases, ctx: int) -> tuple[list[str], dict, d
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        out = {}
+        out, metrics = {}, None
         for name, path, body in cases:
             r = httpx.post(url + path, json=body, timeout=120)
             answer = frames(r.text) if body.get("stream") else r.json()
             out[name] = {"path": path, "request": body, "status": r.status_code, "answer": answer}
-        return cmd, out, httpx.get(url + "/props").json()
+            if metrics is None and "--metrics" in cmd:
+                metrics = httpx.get(url + "/metrics").text
+        return cmd, out, httpx.get(url + "/props").json(), metrics
     finally:
         proc.terminate()
         proc.wait()
@@ -117,9 +120,11 @@ def main():
     args = ap.parse_args()
     ref = {"build": 11434, "models": {}}
     for model, path in model_paths().items():
-        cmd, cases, props = record(args.llama_server, path, CASES[model], CTX[model])
+        cmd, cases, props, metrics = record(args.llama_server, path, CASES[model], CTX[model])
         ref["models"][model] = {"command": " ".join(["llama-server"] + cmd[1:]).replace(path, f"<{model}>"),
                                 "cases": cases, "props": props}
+        if metrics is not None:
+            ref["models"][model]["metrics"] = metrics
     (HERE / "reference.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
 
 
