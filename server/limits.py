@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from .errors import APIError, invalid
+
+log = logging.getLogger("ggserve.server")
 
 MAX_DEPTH = 64                  # nested arrays/objects in a body (tool schemas need ~10)
 OFF_LOOP_BYTES = 256 * 1024     # bodies at least this big are parsed on a worker thread
@@ -120,14 +123,22 @@ class TimedStreamingResponse(StreamingResponse):
         if not timeout:
             return await super().__call__(scope, receive, send)
 
+        stalled = False
+
         async def timed_send(message) -> None:
+            nonlocal stalled
             try:
                 await asyncio.wait_for(send(message), timeout)
             except asyncio.TimeoutError:
-                raise OSError(f"client did not read for {timeout:g} s (--timeout)") from None
+                stalled = True
+                raise OSError("client stopped reading") from None
 
         try:
             await super().__call__(scope, receive, timed_send)
+        except Exception:
+            if not stalled:
+                raise
+            log.warning("ended a stream whose client did not read for %g s (--timeout)", timeout)
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:

@@ -26,7 +26,11 @@ MAX_BODY = 16 * 2**20
 def server(smollm2_path):
     cfg = ServerConfig(model=smollm2_path, n_ctx=1024, n_parallel=4, n_batch=256, n_threads=1,
                        metrics=True, max_body_bytes=MAX_BODY, timeout=1.0)
-    with RunningServer(create_app(cfg)) as srv:
+    srv = RunningServer(create_app(cfg))
+    # accepted sockets inherit this: a fixed small send buffer (loopback's autotuned one
+    # holds megabytes), so a client that stops reading stalls the server's writes quickly
+    srv._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    with srv:
         yield srv
 
 
@@ -133,3 +137,34 @@ def test_api_key_matches_any_configured_key():
     assert key_matches("k2", ["k1", "k2", "k3"])
     assert not key_matches("k", ["k1", "k2"])
     assert not key_matches("\ud800", ["k1"])                    # no exception on odd input
+
+
+# -- a client that stops reading (--timeout) --------------------------------------------
+
+def metric(server, name: str) -> float:
+    return server.metric(name)
+
+
+def test_stalled_stream_client_is_dropped_and_its_sequence_freed(server):
+    body = json.dumps({"prompt": "Once upon a time", "stream": True, "max_tokens": 1000,
+                       "ignore_eos": True, "temperature": 0, "logprobs": 20, "n": 4}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a small window fills fast
+    s.connect(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    try:
+        deadline = time.monotonic() + 3
+        while metric(server, "ggserve_requests_running") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(server, "ggserve_requests_running") == 4
+        t0 = time.monotonic()
+        while metric(server, "ggserve_requests_running") > 0 and time.monotonic() - t0 < 15:
+            time.sleep(0.1)
+        # ended by the 1 s write timeout long before its 1,000 tokens
+        assert metric(server, "ggserve_requests_running") == 0
+        generated = metric(server, "ggserve_generated_tokens_total")
+        time.sleep(0.5)
+        assert metric(server, "ggserve_generated_tokens_total") == generated     # nothing generates
+    finally:
+        s.close()
