@@ -42,11 +42,14 @@ class API:
         return self.service.engine
 
     def model_id(self) -> str:
-        if self.cfg.alias:
-            return self.cfg.alias
+        if self.aliases():
+            return self.aliases()[0]      # llama-server: the first of its sorted set of -a aliases
         if self.service.ready:
             return self.service.engine.model_name
         return os.path.splitext(os.path.basename(self.cfg.model))[0]
+
+    def aliases(self) -> list[str]:
+        return sorted({a.strip() for a in (self.cfg.alias or "").split(",") if a.strip()})
 
     def check_fields(self, req: S._Sampling) -> None:
         """Any `model` is accepted, as llama-server does (one model is served; SDKs and
@@ -142,8 +145,8 @@ class API:
             meta.update(n_ctx=e.n_ctx, n_ctx_slot=e.n_ctx, n_ctx_train=e.n_ctx_train, kv_size=e.kv_size,
                         n_vocab=e.tokenizer.n_vocab)
         return JSONResponse({"object": "list", "data": [{
-            "id": self.model_id(), "object": "model", "created": S.now(),
-            "owned_by": "ggserve", "meta": meta,
+            "id": self.model_id(), "aliases": self.aliases(), "tags": sorted(getattr(self.cfg, "tags", ())),
+            "object": "model", "created": S.now(), "owned_by": "ggserve", "meta": meta,
         }]})
 
     async def metrics_endpoint(self, request: Request) -> Response:

@@ -13,7 +13,7 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, sampling_defaults
+from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, sampling_defaults, tags
 from ggserve.server.speculative import TYPES, SpecConfig
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
@@ -316,7 +316,7 @@ def config_from_args(args):
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,
         embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
-        spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict,
+        spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict, tags=tags(args),
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,

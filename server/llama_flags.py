@@ -20,6 +20,8 @@ def add_llama_flags(p) -> None:
                    help="default seed of requests that give none (-1: random, the default)")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N", dest="n_predict",
                    help="default number of tokens to generate for requests that give none (-1: until the context)")
+    p.add_argument("--tags", default="", metavar="STRING",
+                   help="model tags, comma-separated, shown in /v1/models (informational)")
     p.add_argument("--no-ui", action="store_true", dest="no_webui", default=argparse.SUPPRESS,
                    help="same as --no-webui (llama-server's spelling)")
     p.add_argument("--offline", action="store_true",
@@ -44,6 +46,10 @@ def check_llama_flags(args) -> None:
         raise SystemExit("ggserve serve: --seed must be >= 0, or -1 (random)")
     if args.n_predict < -1:
         raise SystemExit("ggserve serve: --n-predict must be >= 0, or -1 (until the context)")
+
+
+def tags(args) -> tuple[str, ...]:
+    return tuple(sorted({t.strip() for t in args.tags.split(",") if t.strip()}))
 
 
 def sampling_defaults(args) -> dict:

@@ -97,3 +97,14 @@ def test_cors_localhost_on_a_server(smollm2_path):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://[::1]:3000"
         r = httpx.options(s.url + "/completions", headers={"Origin": "http://evil.com", **PREFLIGHT})
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_aliases_and_tags_in_models(smollm2_path):
+    # llama-server 11434: -a is a comma-separated set of aliases, the id is its first in sorted order
+    cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path, "-c", "256", "-np", "1",
+                                                      "--alias", "tinyllama-2,fim,code", "--tags", "chat,fim,small"]))
+    with RunningServer(create_app(cfg)) as s:
+        m = httpx.get(s.url + "/models").json()["data"][0]
+        assert (m["id"], m["aliases"], m["tags"]) == ("code", ["code", "fim", "tinyllama-2"], ["chat", "fim", "small"])
+        r = httpx.post(s.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}).json()
+        assert r["model"] == "code"
