@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
+# llama-server sends b<build>-<commit>; ours names the llama.cpp build whose answers ggserve reproduces
+FINGERPRINT = "b11434-ggserve"
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -219,7 +222,7 @@ def chat_completion(id: str, model: str, created: int, choices: list[dict],
                     use: dict) -> dict:
     return {
         "id": id, "object": "chat.completion", "created": created, "model": model,
-        "system_fingerprint": "ggserve", "choices": choices, "usage": use,
+        "system_fingerprint": FINGERPRINT, "choices": choices, "usage": use,
     }
 
 
@@ -243,7 +246,7 @@ def chat_chunk(id: str, model: str, created: int, index: int, delta: dict,
                with_usage: bool = False) -> dict:
     chunk = {
         "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "system_fingerprint": "ggserve",
+        "system_fingerprint": FINGERPRINT,
         "choices": [{
             "index": index, "delta": delta,
             "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
@@ -257,7 +260,7 @@ def chat_chunk(id: str, model: str, created: int, index: int, delta: dict,
 
 def usage_chunk(id: str, model: str, created: int, object: str, use: dict) -> dict:
     return {"id": id, "object": object, "created": created, "model": model,
-            "system_fingerprint": "ggserve", "choices": [], "usage": use}
+            "system_fingerprint": FINGERPRINT, "choices": [], "usage": use}
 
 
 def completion_logprobs(entries: list[tuple[bytes, float, list[tuple[bytes, float]]]],
@@ -278,7 +281,7 @@ def completion_logprobs(entries: list[tuple[bytes, float, list[tuple[bytes, floa
 
 def completion(id: str, model: str, created: int, choices: list[dict], use: dict) -> dict:
     return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": "ggserve", "choices": choices, "usage": use}
+            "system_fingerprint": FINGERPRINT, "choices": choices, "usage": use}
 
 
 def completion_choice(index: int, text: str, finish: str | None,
@@ -289,7 +292,7 @@ def completion_choice(index: int, text: str, finish: str | None,
 def completion_chunk(id: str, model: str, created: int, choice: dict,
                      with_usage: bool = False) -> dict:
     chunk = {"id": id, "object": "text_completion", "created": created, "model": model,
-             "system_fingerprint": "ggserve", "choices": [choice]}
+             "system_fingerprint": FINGERPRINT, "choices": [choice]}
     if with_usage:
         chunk["usage"] = None
     return chunk

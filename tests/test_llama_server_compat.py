@@ -108,3 +108,9 @@ def test_aliases_and_tags_in_models(smollm2_path):
         assert (m["id"], m["aliases"], m["tags"]) == ("code", ["code", "fim", "tinyllama-2"], ["chat", "fim", "small"])
         r = httpx.post(s.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}).json()
         assert r["model"] == "code"
+
+
+def test_system_fingerprint_names_the_build(server):
+    # llama.cpp's suite checks that it starts with "b" (llama-server: b<build>-<commit>)
+    r = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=120).json()
+    assert r["system_fingerprint"] == "b11434-ggserve"
