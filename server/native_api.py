@@ -102,7 +102,7 @@ def tokenize_mixed(tok, p) -> list[int]:
 def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
     """llama-server's `generation_settings`: the sampling this answer ran with."""
     return {
-        "seed": req.seed if req.seed is not None else _RANDOM_SEED,
+        "seed": p.seed if p.seed is not None else _RANDOM_SEED,      # the request's, else --seed's
         "temperature": p.temperature, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
         "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "top_n_sigma": -1.0,
         "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": p.typical_p,
@@ -111,8 +111,8 @@ def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
         "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
-        "stop": req.stop or [], "max_tokens": req.limit if req.limit is not None else -1,
-        "n_predict": req.limit if req.limit is not None else -1, "n_keep": req.n_keep, "n_discard": 0,
+        "stop": req.stop or [], "max_tokens": req.limit if req.limit is not None else api.cfg.n_predict,
+        "n_predict": req.limit if req.limit is not None else api.cfg.n_predict,      # else -n's "n_keep": req.n_keep, "n_discard": 0,
         "ignore_eos": req.ignore_eos, "stream": req.stream,
         "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
         "n_probs": req.n_probs or 0, "min_keep": req.min_keep,

@@ -114,3 +114,9 @@ def test_system_fingerprint_names_the_build(server):
     # llama.cpp's suite checks that it starts with "b" (llama-server: b<build>-<commit>)
     r = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 1}, timeout=120).json()
     assert r["system_fingerprint"] == "b11434-ggserve"
+
+
+def test_props_show_the_command_line_defaults(server):
+    # llama-server 11434 started with --seed 42 -n 5 shows them in /props
+    params = httpx.get(server.url + "/props").json()["default_generation_settings"]["params"]
+    assert (params["seed"], params["n_predict"], params["temperature"]) == (42, 5, 0.8)
