@@ -14,6 +14,7 @@ import sys
 
 from ggserve.models.builtin_templates import BUILTIN
 from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, sampling_defaults, tags
+from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
@@ -167,6 +168,7 @@ def serve_parser() -> argparse.ArgumentParser:
                "2 Euclidean, > 2 p-norm); a request's embd_normalize wins")
     _flag(p, "--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", flag=True,
           help="enable the Prometheus /metrics endpoint")
+    add_limit_flags(p, _flag)        # --max-body-mb, -to/--timeout, --shutdown-timeout
     _flag(p, "--max-queue", env="GGSERVE_MAX_QUEUE", type=int, default=64, metavar="N",
           help="requests that may wait beyond --parallel before new ones get 429")
     _flag(p, "--cors-origins", env="GGSERVE_CORS_ORIGINS", default="*",
@@ -317,6 +319,7 @@ def config_from_args(args):
         chat_template_kwargs=kwargs,
         embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
         spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict, tags=tags(args),
+        max_body_bytes=int(args.max_body_mb * 2**20), timeout=args.timeout,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
             fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,
@@ -342,18 +345,17 @@ def serve(argv: list[str]) -> int:
             print("ggserve serve: --rpc without -ngl: no layer goes to the workers (-ngl 99: all of them)",
                   file=sys.stderr)
 
-    import uvicorn
-
     from .app import create_app
+    from .shutdown import run
 
     app = create_app(cfg)
     print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
           f"(model loads in the background; GET /health says when ready)", flush=True)
     if cfg.webui:
         print(f"ggserve: chat page at http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port,
-                log_level="debug" if args.verbose else "info",
-                timeout_graceful_shutdown=5)
+    level = "debug" if args.verbose else "info"
+    if not run(app, host=args.host, port=args.port, log_level=level, shutdown_timeout=args.shutdown_timeout):
+        return 1                  # the model did not load (shutdown.run said why)
     if cfg.rpc:
         from ggserve.native import ggml
 

@@ -143,3 +143,13 @@ class TimedStreamingResponse(StreamingResponse):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def add_limit_flags(p, flag) -> None:
+    """The command line's flags for these limits (server/cli.py's _flag)."""
+    flag(p, "--max-body-mb", env="GGSERVE_MAX_BODY_MB", type=float, default=64, metavar="MB",
+         dest="max_body_mb", help="largest request body accepted (larger: 413)")
+    flag(p, "-to", "--timeout", env="LLAMA_ARG_TIMEOUT", type=float, default=600, metavar="N",
+         help="seconds a client may stop reading its stream before it is ended and its slot freed")
+    flag(p, "--shutdown-timeout", env="GGSERVE_SHUTDOWN_TIMEOUT", type=float, default=10, metavar="S",
+         dest="shutdown_timeout", help="on SIGTERM: seconds requests may finish (new ones: 503); then exit 0")

@@ -168,3 +168,102 @@ def test_stalled_stream_client_is_dropped_and_its_sequence_freed(server):
         assert metric(server, "ggserve_generated_tokens_total") == generated     # nothing generates
     finally:
         s.close()
+
+
+# -- the process: load failure, SIGTERM ---------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(*args: str, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ggserve.server.cli", "serve", "--port", str(port),
+                             "-t", "1", "--no-webui", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_missing_model_file_exits_nonzero_naming_it(tmp_path):
+    missing = str(tmp_path / "nonexistent.gguf")
+    p = serve("-m", missing, port=free_port())
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and missing in err
+
+
+@pytest.mark.parametrize("which", ["-m", "--mmproj"])
+def test_truncated_gguf_exits_nonzero_naming_it(tmp_path, smollm2_path, which):
+    bad = str(tmp_path / "truncated.gguf")
+    with open(smollm2_path, "rb") as f, open(bad, "wb") as g:
+        g.write(f.read(1 << 20))
+    args = ["-m", bad] if which == "-m" else ["-m", smollm2_path, "--mmproj", bad]
+    p = serve(*args, port=free_port())
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1, err[-2000:]
+    assert "failed to load" in err and bad in err
+
+
+def wait_healthy(url: str, p: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("server did not become ready")
+
+
+def test_sigterm_ends_every_stream_with_done_and_exits_0():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = serve("-c", "4096", "-np", "4", "--shutdown-timeout", "6", port=port)
+    try:
+        wait_healthy(url, p)
+        # two streams that can finish within the shutdown timeout, two that cannot
+        limits = [8, 8, 3000, 3000]
+        results: list[list] = [[] for _ in limits]
+        started = [threading.Event() for _ in limits]
+
+        def stream(i: int) -> None:
+            body = {"messages": [{"role": "user", "content": f"Count to {i + 10}"}], "stream": True,
+                    "max_tokens": limits[i], "ignore_eos": True, "temperature": 0}
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[6:]
+                        results[i].append(data if data == "[DONE]" else json.loads(data))
+                        if len(results[i]) >= 3:
+                            started[i].set()
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(limits))]
+        for t in threads:
+            t.start()
+        for e in started:
+            assert e.wait(60)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        r = httpx.post(url + "/v1/chat/completions", json=chat_body(), timeout=10)   # during the drain
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "shutting_down"
+        p.wait(timeout=30)
+        elapsed = time.monotonic() - t0
+        for t in threads:
+            t.join(timeout=10)
+        assert p.returncode == 0
+        assert elapsed < 6 + 5 + 3                 # shutdown timeout + flush + start-up slack
+        for i, events in enumerate(results):
+            assert events[-1] == "[DONE]", (i, events[-3:])
+            last = events[-2]
+            if limits[i] == 8:                     # its remaining tokens, then its end
+                assert last["choices"][0]["finish_reason"] == "length"
+                assert not any("error" in e for e in events[:-1])
+            else:
+                assert last["error"]["code"] == "shutting_down", last
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
