@@ -112,7 +112,8 @@ def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
         "stop": req.stop or [], "max_tokens": req.limit if req.limit is not None else api.cfg.n_predict,
-        "n_predict": req.limit if req.limit is not None else api.cfg.n_predict,      # else -n's "n_keep": req.n_keep, "n_discard": 0,
+        "n_predict": req.limit if req.limit is not None else api.cfg.n_predict,      # else -n's
+        "n_keep": req.n_keep, "n_discard": 0,
         "ignore_eos": req.ignore_eos, "stream": req.stream,
         "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
         "n_probs": req.n_probs or 0, "min_keep": req.min_keep,
