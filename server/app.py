@@ -1,6 +1,7 @@
 """The HTTP API: a Starlette app serving OpenAI's endpoints on top of Service.
 
-Routes: /v1/chat/completions, /v1/completions (server/generation_api.py),
+Routes (all listed at /openapi.json, server/openapi.py): /v1/chat/completions,
+/v1/completions (server/generation_api.py),
 /completion, /completions (llama-server's native shape: server/native_api.py), /infill
 (server/infill.py),
 /v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
@@ -34,6 +35,7 @@ from .generation_api import apply_template, chat, completions
 from .infill import infill
 from .media import MediaConfig
 from .metrics import Metrics
+from .openapi import openapi
 from .service import Service
 from .slots_api import SlotsAPI
 
@@ -159,6 +161,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/v1/embeddings",), functools.partial(embeddings_oai, api), ["POST"], "embeddings"),
         (("/embeddings", "/embedding"), functools.partial(embeddings_native, api), ["POST"], "embeddings"),
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
+        (("/openapi.json",), openapi, ["GET"], "openapi"),
     ]:
         routes += [route(p, fn, methods, name) for p in paths]
     slots = SlotsAPI(api, cfg.slots_endpoint, cfg.slot_save_path)
