@@ -151,7 +151,7 @@ async def chat(api: API, request: Request) -> Response:
     async def events():
         for i in range(req.n):
             yield S.chat_chunk(rid, model, created, i,
-                               {"role": "assistant", "content": ""},
+                               {"role": "assistant", "content": None},   # as llama-server (OpenAI: "" or null)
                                with_usage=usage_on)
         async for i, d in job:
             if d.reasoning:

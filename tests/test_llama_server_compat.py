@@ -120,3 +120,13 @@ def test_props_show_the_command_line_defaults(server):
     # llama-server 11434 started with --seed 42 -n 5 shows them in /props
     params = httpx.get(server.url + "/props").json()["default_generation_settings"]["params"]
     assert (params["seed"], params["n_predict"], params["temperature"]) == (42, 5, 0.8)
+
+
+def test_first_streamed_chunk_is_the_role_with_null_content(server):
+    # llama-server 11434's first chunk: {"role": "assistant", "content": null}; later ones no role
+    from server_harness import sse_events
+
+    ev = sse_events(httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                               json={**CHAT, "max_tokens": 3, "stream": True}))
+    assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert all("role" not in e["choices"][0]["delta"] for e in ev[1:-1] if e["choices"])

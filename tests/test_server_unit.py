@@ -301,7 +301,7 @@ def test_fake_stream_framing_and_usage(fake):
     ev = sse_events(r)
     assert ev[-1] == "[DONE]"
     chunks = ev[:-1]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert all("usage" in c for c in chunks)
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
