@@ -21,6 +21,21 @@ from .request_errors import RequestError
 from .jobs import Job
 
 
+def continuation(req: S.ChatCompletionRequest, msgs: list[dict]) -> tuple[bool, bool]:
+    """(continue the final message, add the generation prompt), checked as llama-server 11434
+    (server-common.cpp): a final assistant message is continued (prefill) unless told otherwise."""
+    cont = req.continue_final_message in (True, "content", "reasoning_content")
+    agp = req.add_generation_prompt
+    if not cont and msgs[-1]["role"] == "assistant":
+        if len(msgs) >= 2 and msgs[-2]["role"] == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.", param="messages")
+        cont, agp = True, False
+    if cont and agp:
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.",
+                      param="continue_final_message")
+    return cont, agp
+
+
 async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions):
     """Messages -> Prompt. Image parts are fetched/decoded (server/media.py) and
     become the media marker in the rendered template; the service's prompt
@@ -67,10 +82,11 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
         except MediaError as e:
             raise e.api_error(param) from None
         images.append((loaded.sha256, loaded.image))
+    cont, agp = continuation(req, msgs)
     try:
         return await api.service.chat_prompt(
             opts.messages(msgs, getattr(api.engine, "chat_template", None)), opts.tools, images, template_kwargs=opts.template_kwargs,
-            continue_final=msgs[-1]["role"] == "assistant")   # prefill: continue it
+            continue_final=cont, add_generation_prompt=agp)
     except RequestError:
         raise
     except ValueError as e:

@@ -48,13 +48,14 @@ class PromptBuilder:
             raise ImagesNotSupported("this model does not support images (start the server with --mmproj)")
 
     def chat(self, messages: list[dict], tools=None, images: list = (), *,
-             template_kwargs: dict | None = None, continue_final: bool = False) -> Prompt:
+             template_kwargs: dict | None = None, continue_final: bool = False,
+             add_generation_prompt: bool = True) -> Prompt:
         """Chat messages (image parts as media markers) -> Prompt. continue_final:
         the last (assistant) message is left open for the model to continue."""
         extra = dict(template_kwargs or {})
         if continue_final:
             extra["continue_final_message"] = True
-        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools,
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                          image_marker=CHAT_MARKER, **extra)
         prompt = self.build(text, images, marker=CHAT_MARKER)
         prompt.text = text.replace(CHAT_MARKER, MEDIA_MARKER)    # as shown (/apply-template)

@@ -146,6 +146,8 @@ class ChatCompletionRequest(_Sampling):
     response_format: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_format: Optional[Literal["none", "deepseek", "auto"]] = None
+    add_generation_prompt: bool = True                         # llama-server's
+    continue_final_message: Union[bool, str, None] = None      # true, "content", "reasoning_content"
 
     @property
     def limit(self) -> Optional[int]:

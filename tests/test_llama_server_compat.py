@@ -130,3 +130,30 @@ def test_first_streamed_chunk_is_the_role_with_null_content(server):
                                json={**CHAT, "max_tokens": 3, "stream": True}))
     assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert all("role" not in e["choices"][0]["delta"] for e in ev[1:-1] if e["choices"])
+
+
+# llama-server 11434 on SmolLM2 (POST /apply-template; errors from /v1/chat/completions), recorded by hand
+SMOL_SYS = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+HI = {"role": "user", "content": "Hi"}
+
+
+@pytest.mark.parametrize("body,prompt", [
+    ({"messages": [HI], "add_generation_prompt": False}, SMOL_SYS + "<|im_start|>user\nHi<|im_end|>\n"),
+    ({"messages": [HI, {"role": "assistant", "content": "Hello"}], "add_generation_prompt": False,
+      "continue_final_message": True}, SMOL_SYS + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello"),
+])
+def test_add_generation_prompt_and_continue_final_message(server, body, prompt):
+    assert httpx.post(server.url + "/apply-template", json=body, timeout=60).json()["prompt"] == prompt
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"messages": [HI, {"role": "assistant", "content": "Hello"}], "add_generation_prompt": True,
+      "continue_final_message": True}, "Cannot set both add_generation_prompt and continue_final_message to true."),
+    ({"messages": [HI, {"role": "assistant", "content": "A"}, {"role": "assistant", "content": "B"}]},
+     "Cannot have 2 or more assistant messages at the end of the list."),
+])
+def test_continuation_errors_as_llama_server(server, body, message):
+    for path in ("/apply-template", "/v1/chat/completions"):
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 400
+        assert (r.json()["error"]["message"], r.json()["error"]["type"]) == (message, "invalid_request_error")
