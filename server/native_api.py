@@ -27,7 +27,7 @@ _RANDOM_SEED = 4294967295         # LLAMA_DEFAULT_SEED: "pick one at random"
 
 
 class NativeCompletionRequest(S._Sampling):
-    prompt: Union[str, list[Any]]
+    prompt: Union[str, list[Any], dict[str, Any]]
     return_tokens: bool = False
     post_sampling_probs: bool = False
     n_keep: int = 0
@@ -72,10 +72,15 @@ def split_prompts(prompt) -> list:
     strings is one prompt; any other list is one prompt per element."""
     if isinstance(prompt, str):
         return [prompt]
+    if isinstance(prompt, dict):
+        prompt = [prompt]
     if prompt and all(_is_id(x) or isinstance(x, str) for x in prompt) and any(_is_id(x) for x in prompt):
         return [prompt]
     if not prompt:
         raise invalid("prompt must not be empty", param="prompt")
+    if any(isinstance(x, dict) for x in prompt):     # {prompt_string, multimodal_data}
+        raise invalid("multimodal_data prompts are not supported by /completion here; send images "
+                      "to /v1/chat/completions", param="prompt")
     return list(prompt)
 
 

@@ -106,6 +106,17 @@ def test_bad_prompt_is_a_400_naming_it(smol):
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
 
 
+def test_multimodal_prompt_is_refused_by_name(smol):
+    r = httpx.post(smol.url + "/completion", json={"prompt": {"prompt_string": "<__media__>", "multimodal_data": []}})
+    assert r.status_code == 400 and "multimodal_data" in r.json()["error"]["message"]
+
+
+def test_apply_template_equals_llama_server(smol):
+    c = case("smollm2", "apply_template")
+    r = post(smol, c)
+    assert r.status_code == 200 and r.json() == c["answer"]
+
+
 def test_v1_completions_stays_openai(smol):
     r = httpx.post(smol.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
     assert r.json()["object"] == "text_completion"

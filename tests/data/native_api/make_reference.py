@@ -11,7 +11,7 @@ synthetic Qwen3 file (it has FIM tokens; SmolLM2's GGUF has none), each with
 tokens of `input_extra`, so 4096 keeps all of it)
 
 (SmolLM2 also with --metrics), posts every case of CASES (/completion, /completions,
-/infill; greedy) and GET /props, and writes reference.json beside this file: per case the
+/infill, /apply-template; greedy) and GET /props, and writes reference.json beside this file: per case the
 request and llama-server's answer (a streamed answer as the list of its `data:` frames);
 for SmolLM2 `metrics`, GET /metrics after the first case alone.
 """
@@ -49,6 +49,10 @@ CASES = {
         ("stream", "/completion", {"prompt": "The capital of France is", "n_predict": 4, "temperature": 0,
                                    "stream": True, "n_probs": 2}),
         ("no_prompt", "/completion", {"n_predict": 2}),
+        ("apply_template", "/apply-template", {"messages": [{"role": "system", "content": "Be brief."},
+                                                            {"role": "user", "content": "Hi"},
+                                                            {"role": "assistant", "content": "Hello!"},
+                                                            {"role": "user", "content": "2+2?"}]}),
         ("infill_no_fim", "/infill", {"input_prefix": "def f():\n", "input_suffix": "\n", "n_predict": 2}),
     ],
     "qwen3": [
