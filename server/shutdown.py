@@ -78,7 +78,11 @@ def run(app, *, host: str, port: int, log_level: str, shutdown_timeout: float) -
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=int(FLUSH_SECONDS))
     server = Server(config, app.state.service, shutdown_timeout)
-    server.run()
+    if "," in host:                       # llama-server's --host 127.0.0.1,::1: several addresses
+        from .llama_flags import bind_sockets
+        server.run(sockets=bind_sockets(host, port))
+    else:
+        server.run()
     if server.load_error is None:
         return True
     cfg, e = app.state.config, server.load_error
