@@ -62,6 +62,9 @@ def map_argv(argv: list[str], model: str) -> list[str]:
 
 def shim(target: str, argv: list[str]) -> None:
     args = map_argv(argv, smollm2_path())
+    # one ggml thread for both (the suite passes none; answers do not depend on it): with the default,
+    # llama-server's threads spin against the test process on small machines and the run crawls
+    os.environ.setdefault("LLAMA_ARG_THREADS", "1")
     if target == "ggserve":
         exe = os.path.join(os.path.dirname(sys.executable), "ggserve")
         os.execv(exe, [exe, "serve", *args])
@@ -92,8 +95,11 @@ def pytest_runtest_logreport(report):
 
 
 def prepare(tmp: str) -> str:
-    dst = os.path.join(tmp, "tests")
+    # the suite reaches ../../../models/templates and ../../../tools/mtmd: keep its place in the tree
+    dst = os.path.join(tmp, "tools", "server", "tests")
     shutil.copytree(os.path.join(LLAMA_SRC, "tools", "server", "tests"), dst)
+    os.symlink(os.path.join(LLAMA_SRC, "models"), os.path.join(tmp, "models"))
+    os.symlink(os.path.join(LLAMA_SRC, "tools", "mtmd"), os.path.join(tmp, "tools", "mtmd"))
     with open(os.path.join(dst, "conftest.py"), "a") as f:
         f.write(CONFTEST_TAIL)
     with open(os.path.join(dst, "conftest.py")) as f:
