@@ -14,7 +14,7 @@ from .api import API
 from .chat_options import ChatOptions, chat_options, compile_grammar, completion_options
 from .chat_output import Format, shown_tokens
 from .errors import APIError, invalid, to_api_error
-from .limits import TimedStreamingResponse
+from .limits import TimedStreamingResponse, check_messages
 from .media import MediaError, load_image
 from .prompts import Prompt
 from .request_errors import RequestError
@@ -100,7 +100,9 @@ async def request_prompt(api: API, req: S.ChatCompletionRequest) -> Prompt:
 
 async def apply_template(api: API, request: Request) -> Response:
     """llama-server's /apply-template: a chat request's prompt text, not run."""
-    req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
+    body = await api.json_body(request)
+    check_messages(body, api.engine.n_ctx)      # before validating a 100,000-message body
+    req = S.ChatCompletionRequest.model_validate(body)
     return JSONResponse({"prompt": (await request_prompt(api, req)).text})
 
 
@@ -126,7 +128,9 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
 
 
 async def chat(api: API, request: Request) -> Response:
-    req = S.ChatCompletionRequest.model_validate(await api.json_body(request))
+    body = await api.json_body(request)
+    check_messages(body, api.engine.n_ctx)      # before validating a 100,000-message body
+    req = S.ChatCompletionRequest.model_validate(body)
     job = await submit_chat(api, req)
     k = req.top_logprobs or 0
     rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
@@ -185,8 +189,8 @@ async def chat(api: API, request: Request) -> Response:
                 yield S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
                                    with_usage=usage_on)
         if usage_on:
-            yield S.usage_chunk(rid, model, created, "chat.completion.chunk", S.usage(
-                job.prompt_tokens, job.completion_tokens, job.cached_tokens))
+            yield {**S.usage_chunk(rid, model, created, "chat.completion.chunk", S.usage(
+                job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings}   # as llama-server
 
     return sse(job, events())
 
@@ -277,8 +281,8 @@ async def completions(api: API, request: Request) -> Response:
                 rid, model, created,
                 S.completion_choice(i, d.text, d.finish_reason, lp), usage_on)
         if usage_on:
-            yield S.usage_chunk(rid, model, created, "text_completion", S.usage(
-                job.prompt_tokens, job.completion_tokens, job.cached_tokens))
+            yield {**S.usage_chunk(rid, model, created, "text_completion", S.usage(
+                job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings}
 
     return sse(job, events())
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import json.scanner
 import logging
 
 from starlette.requests import Request
@@ -42,14 +43,23 @@ async def read_body(request: Request, limit: int) -> bytes:
     return body
 
 
-def parse_json(raw: bytes) -> object:
+def _stepwise_decoder() -> json.JSONDecoder:
+    """A decoder whose object/array scanner is Python code: it lets other threads (the
+    event loop) run between values, where the C scanner holds the GIL for a whole body
+    (0.4 s for a 100,000-message chat). Strings are still scanned in C."""
+    dec = json.JSONDecoder()
+    dec.scan_once = json.scanner.py_make_scanner(dec)
+    return dec
+
+
+def parse_json(raw: bytes, stepwise: bool = False) -> object:
     """raw -> JSON value; every malformed body is an APIError 400."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise invalid(f"Request body is not valid UTF-8: {e}") from None
     try:
-        value = json.loads(text)
+        value = _stepwise_decoder().decode(text) if stepwise else json.loads(text)
     except json.JSONDecodeError as e:
         raise invalid(f"Invalid JSON in request body: {e}") from None
     except RecursionError:
@@ -90,12 +100,21 @@ async def json_object(request: Request, limit: int) -> dict:
     if not raw.strip():
         raise invalid("Request body is empty; expected a JSON object")
     if len(raw) >= OFF_LOOP_BYTES:
-        body = await asyncio.to_thread(parse_json, raw)
+        body = await asyncio.to_thread(parse_json, raw, True)
     else:
         body = parse_json(raw)
     if not isinstance(body, dict):
         raise invalid("Request body must be a JSON object")
     return body
+
+
+def check_messages(body: dict, n_ctx: int) -> None:
+    """A chat with more messages than its context has tokens cannot fit (each message
+    renders to at least one token): refused before validating and templating it."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > n_ctx:
+        raise invalid(f"{len(messages)} messages cannot fit the context of {n_ctx} tokens",
+                      param="messages", code="context_length_exceeded")
 
 
 def key_matches(key: str, keys: list[str]) -> bool:

@@ -267,3 +267,63 @@ def test_sigterm_ends_every_stream_with_done_and_exits_0():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# -- heavy requests run off the event loop ------------------------------------------------
+
+def probe_during(url: str, work) -> tuple[list[float], object]:
+    """/health every 100 ms while work() runs: each probe's seconds, and work's result."""
+    times, done = [], threading.Event()
+
+    def probe():
+        with httpx.Client(timeout=30) as c:
+            while not done.is_set():
+                t = time.perf_counter()
+                assert c.get(url + "/health").status_code == 200
+                times.append(time.perf_counter() - t)
+                time.sleep(0.1)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    time.sleep(0.3)
+    try:
+        result = work()
+    finally:
+        done.set()
+        t.join()
+    return times, result
+
+
+@pytest.fixture(scope="module")
+def process_server():
+    """ggserve serve in its own process: the probes measure its event loop, not this
+    process's (whose GIL the test's own JSON work would hold)."""
+    port = free_port()
+    p = serve("-c", "2048", "--max-body-mb", "32", port=port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, p)
+        # queued behind the vocabulary copy for grammars that loading starts (a start-up cost)
+        httpx.post(url + "/tokenize", json={"content": "warm up"}, timeout=60)
+        yield url
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def test_health_stays_fast_during_a_10mb_tokenize(process_server):
+    url = process_server
+    text = "The quick brown fox jumps over the lazy dog. " * (10 * 2**20 // 45)
+    times, r = probe_during(url, lambda: httpx.post(url + "/tokenize", json={"content": text}, timeout=300))
+    assert r.status_code == 200 and len(r.json()["tokens"]) > 2_000_000
+    assert len(times) >= 5 and max(times) < 0.25, max(times)
+
+
+def test_health_stays_fast_during_a_100000_message_chat(process_server):
+    url = process_server
+    body = chat_body(messages=[{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+                               for i in range(100_000)])
+    times, r = probe_during(url, lambda: httpx.post(url + "/v1/chat/completions", json=body, timeout=300))
+    err = assert_error(r, 400)                       # far longer than the context
+    assert "context" in err["message"]
+    assert len(times) >= 3 and max(times) < 0.25, max(times)

@@ -178,7 +178,7 @@ class FakeDecoder:
 
 
 class FakeTemplate:
-    def render(self, messages, add_generation_prompt=True, tools=None):
+    def render(self, messages, add_generation_prompt=True, tools=None, image_marker=None):
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
@@ -499,5 +499,6 @@ def test_a_stream_the_engine_ends_carries_an_error_event(fake):
                       json=chat_body(stream=True, messages=[{"role": "user", "content": "BREAK"}])) as r:
         lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
     assert r.status_code == 200
-    assert json.loads(lines[-1][6:])["error"]["message"] == "tile failed"
+    assert json.loads(lines[-2][6:])["error"]["message"] == "tile failed"
+    assert lines[-1] == "data: [DONE]"          # the stream ended, not cut (issue 21)
     assert chat(fake).status_code == 200

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ggserve.native.tokenizer_core import BPECore
 
-from .pretokenize import PreTokenizer
+from .pretokenize import PreTokenizer, drop
 from .vocab import Vocab
 
 
@@ -58,12 +58,14 @@ class BPE:
             self._encode_spm_style(text, out)
             return
         encode_word = self._core.encode_word
-        for word in self._pre.split(text):
+        words = self._pre.split(text)
+        for word in words:
             ids = cache.get(word)
             if ids is None:
                 raw = word.encode("utf-8", "replace").decode("latin-1").translate(_ENCODE_TABLE)
                 ids = cache[word] = encode_word(raw.encode("utf-8"))
             out.extend(ids)
+        drop(words)
 
     def _encode_spm_style(self, text: str, out: list[int]) -> None:
         """Gemma 4: spaces escaped to U+2581, merges over whole lines of raw UTF-8;

@@ -40,6 +40,9 @@ def _trie_regex(words: list[str]) -> re.Pattern | None:
     return re.compile("(?=(" + build(trie) + "))", re.DOTALL)
 
 
+_WINDOW = 1 << 20
+
+
 class SpecialSplitter:
     """text -> list of str fragments and int special token ids, in order."""
 
@@ -62,7 +65,13 @@ class SpecialSplitter:
         pattern = self._pattern(parse_special)
         if pattern is None:
             return []
-        longest = {m.group(1) for m in pattern.finditer(text)}
+        # scanned a window at a time (one scan of a 10 MB text holds the GIL for half a
+        # second); windows overlap by the longest token, so a match cut short at a window's
+        # end (a prefix of the whole one, found again in the next window) adds nothing
+        overlap = max(map(len, self._text_to_id))
+        longest = set()
+        for pos in range(0, len(text), _WINDOW):
+            longest.update(m.group(1) for m in pattern.finditer(text, pos, pos + _WINDOW + overlap))
         found = set()
         for s in longest:   # any token occurring at a position is a prefix of the longest there
             for k in range(1, len(s) + 1):
