@@ -163,8 +163,16 @@ class Job:
         to the last, and with speculative decoding the drafted and accepted tokens."""
         c = self.choices[0]
         ms = (c.t_last - c.t_first) * 1000 if c.t_first is not None and c.t_last is not None else 0.0
-        out = {"prompt_n": self.prompt_tokens - self.cached_tokens, "predicted_n": self.completion_tokens,
-               "predicted_ms": ms, "predicted_per_second": (c.n_tokens - 1) * 1000 / ms if ms else 0.0}
+        prompt_n = self.prompt_tokens - self.cached_tokens
+        # llama-server times the prompt's compute; here: from arrival to the first token
+        prompt_ms = (c.t_first - self.t_submit) * 1000 if c.t_first is not None else 0.0
+        steps = max(c.n_tokens - 1, 0)
+        out = {"cache_n": self.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+               "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+               "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms else 0.0,
+               "predicted_n": self.completion_tokens, "predicted_ms": ms,
+               "predicted_per_token_ms": ms / steps if steps else 0.0,
+               "predicted_per_second": steps * 1000 / ms if ms else 0.0}
         n_draft = sum(x.n_draft for x in self.choices)
         if n_draft:
             out.update(draft_n=n_draft, draft_n_accepted=sum(x.n_draft_accepted for x in self.choices))
