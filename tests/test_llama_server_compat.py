@@ -63,6 +63,34 @@ def test_seed_default_makes_sampled_answers_repeat(server):
     assert a == b == c
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+def test_host_lists_several_addresses(smollm2_path):
+    port = _free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "ggserve")
+    p = subprocess.Popen([exe, "serve", "-m", smollm2_path, "--port", str(port), "--host", "127.0.0.1,::1",
+                          "-c", "256", "-np", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, seen = time.monotonic() + 120, set()
+        while time.monotonic() < deadline and len(seen) < 2 and p.poll() is None:
+            for host in ("127.0.0.1", "[::1]"):
+                try:
+                    if httpx.get(f"http://{host}:{port}/health", timeout=2).status_code == 200:
+                        seen.add(host)
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.2)
+        assert seen == {"127.0.0.1", "[::1]"}
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
 PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Authorization"}
 
 
