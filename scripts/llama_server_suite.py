@@ -128,10 +128,11 @@ def run_server(name: str, target: str, files: list[str], jobs: int, file_timeout
     running: list[tuple] = []
     slot_ports = list(range(jobs))
     t0 = time.time()
+    port_base = 20000 + os.getpid() % 200 * 200      # apart from another run's servers
     while queue or running:
         while queue and slot_ports:
             f, slot = queue.pop(0), slot_ports.pop(0)
-            env = {**os.environ, "LLAMA_SERVER_BIN_PATH": bin_path, "PORT": str(18300 + 40 * slot + (100 if name == "ggserve" else 0)),
+            env = {**os.environ, "LLAMA_SERVER_BIN_PATH": bin_path, "PORT": str(port_base + 40 * slot + (100 if name == "ggserve" else 0)),
                    "SUITE_RESULTS": os.path.join(tmp, f + ".jsonl"), "LLAMA_CACHE": os.path.join(tests, "tmp")}
             log = open(os.path.join(tmp, f + ".log"), "w")
             p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
