@@ -318,7 +318,7 @@ def config_from_args(args):
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,
         embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
-        spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict, tags=tags(args),
+        spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict, tags=tags(args), verbose=bool(args.verbose),
         max_body_bytes=int(args.max_body_mb * 2**20), timeout=args.timeout,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,

@@ -162,9 +162,15 @@ async def chat(api: API, request: Request) -> Response:
             choices.append(S.chat_choice(i, None if calls and not text else text, finish[i],
                                          lps[i] if req.logprobs else None,
                                          "".join(reasoning[i]), calls))
-        return JSONResponse({**S.chat_completion(
-            rid, model, created, choices,
-            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings})
+        out = {**S.chat_completion(rid, model, created, choices,
+                                   S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)),
+               "timings": job.timings}
+        if req.verbose if req.verbose is not None else getattr(api.cfg, "verbose", False):
+            # llama-server's debug copy of the answer in its native shape (the prompt as its tokens read)
+            out["__verbose"] = {"content": "".join(texts[0]), "prompt": api.engine.tokenizer.decode(job.prompts[0]),
+                                "tokens_predicted": job.choices[0].n_tokens, "tokens_evaluated": len(job.prompts[0]),
+                                "timings": job.timings}
+        return JSONResponse(out)
 
     usage_on = req.include_usage
 

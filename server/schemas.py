@@ -147,6 +147,7 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_format: Optional[Literal["none", "deepseek", "auto"]] = None
     add_generation_prompt: bool = True                         # llama-server's
+    verbose: Optional[bool] = None             # llama-server's __verbose debug field (default: --verbose)
     continue_final_message: Union[bool, str, None] = None      # true, "content", "reasoning_content"
 
     @property

@@ -197,3 +197,15 @@ def test_usage_chunk_carries_timings(server, path, body):
     last = ev[-2]
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
     assert last["timings"]["predicted_n"] == 3 and "prompt_per_second" in last["timings"]
+
+
+def test_verbose_request_field(server):
+    # llama-server 11434: "verbose": true adds __verbose (the answer in its native shape, with the prompt)
+    body = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}],
+            "max_tokens": 2}
+    r = httpx.post(server.url + "/chat/completions", json={**body, "verbose": True}, timeout=60).json()
+    v = r["__verbose"]
+    assert v["prompt"].endswith("<|im_start|>user\nWhat is the best book<|im_end|>\n<|im_start|>assistant\n")
+    assert "Book" in v["prompt"] and v["content"] == r["choices"][0]["message"]["content"]
+    assert v["tokens_predicted"] == 2
+    assert "__verbose" not in httpx.post(server.url + "/chat/completions", json=body, timeout=60).json()
