@@ -155,7 +155,8 @@ class API:
         if not self.cfg.metrics:
             raise APIError(501, "This server does not support metrics endpoint; "
                                 "start it with --metrics")
-        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+        return Response(self.metrics.render(), media_type=self.metrics.content_type,
+                        headers={"Process-Start-Time-Unix": str(self.metrics.t_start)})   # as llama-server
 
     async def tokenize(self, request: Request) -> Response:
         req = S.TokenizeRequest.model_validate(await self.json_body(request))

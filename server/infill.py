@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from .api import API
 from .errors import APIError, invalid
-from .native_api import NativeCompletionRequest, answer, tokenize_mixed
+from .native_api import NativeCompletionRequest, answer, text_logit_bias, tokenize_mixed
 
 # llama-server's separator between extra chunks when the vocabulary has no FIM_SEP
 _CHUNK_SEP = "\n\n--- snippet ---\n\n"
@@ -86,7 +86,7 @@ async def infill(api: API, request: Request) -> Response:
     """POST /infill."""
     body = await api.json_body(request)
     body.setdefault("prompt", "")          # optional here, unlike /completion
-    req = NativeCompletionRequest.model_validate(body)
+    req = NativeCompletionRequest.model_validate(text_logit_bias(api.engine.tokenizer, body))
     check(req)
     e = api.engine
     prompt = infill_prompt(e.tokenizer, req, e.n_ctx, api.cfg.n_batch)

@@ -4,6 +4,8 @@ live in one process, as in tests): ggserve's own (ggserve_*) and, beside them, t
 to_metrics), same names, types and meanings, so dashboards built for it read these."""
 from __future__ import annotations
 
+import time
+
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram, generate_latest)
 
@@ -58,6 +60,7 @@ class Metrics:
             "ggserve_step_seconds", "Duration of one engine step",
             buckets=_LATENCY_BUCKETS, registry=r)
 
+        self.t_start = int(time.time())         # the Process-Start-Time-Unix header
         # llama-server's series not derived from the ones above
         self.n_decode = 0             # engine steps (llama_decode calls)
         self.n_busy = 0               # sequences that got a token, summed over steps

@@ -6,6 +6,7 @@ answer (`content`, `stop_type`, `stopping_word`, `generation_settings`, `timings
 the last one the whole answer with empty `content`."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Union
 
 from pydantic import Field, field_validator
@@ -36,6 +37,7 @@ class NativeCompletionRequest(S._Sampling):
     timings_per_token: bool = False
     return_progress: bool = False
     min_keep: int = 0
+    response_fields: Optional[list[str]] = None
     # /infill's own fields (server/infill.py)
     input_prefix: Optional[str] = None
     input_suffix: Optional[str] = None
@@ -120,7 +122,8 @@ def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
         "n_predict": req.limit if req.limit is not None else api.cfg.n_predict,      # else -n's
         "n_keep": req.n_keep, "n_discard": 0,
         "ignore_eos": req.ignore_eos, "stream": req.stream,
-        "logit_bias": [[t, b] for t, b in sorted(p.logit_bias.items())],
+        # llama-server's {bias, token}; a ban (-inf) prints as null, as its JSON library writes it
+        "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in p.logit_bias.items()],
         "n_probs": req.n_probs or 0, "min_keep": req.min_keep,
         "grammar": req.grammar or "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
         "chat_format": "Content-only", "reasoning_format": api.cfg.reasoning_format,
@@ -224,6 +227,8 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
                 ids[i].append(c.eog_token)
         outs = [final(i, "".join(texts[i]), ids[i] if req.return_tokens else [], lps[i], finish[i])
                 for i in range(n)]
+        if req.response_fields:
+            outs = [response_fields(o, req.response_fields) for o in outs]
         return JSONResponse(outs[0] if n == 1 else outs)
 
     async def events():
@@ -243,9 +248,46 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
     return sse(job, events(), end="")
 
 
+def text_logit_bias(tok, body: dict) -> dict:
+    """llama-server's logit_bias may name tokens by text ([["hello", -1]] or {"hello": -1}):
+    each token of the text gets the bias. -> the same body with token ids only."""
+    lb = body.get("logit_bias")
+    if isinstance(lb, dict):
+        pairs = list(lb.items())
+    elif isinstance(lb, list) and all(isinstance(p, list) and len(p) == 2 for p in lb):
+        pairs = [tuple(p) for p in lb]
+    else:
+        return body
+    if not any(isinstance(k, str) and not k.isdigit() for k, _ in pairs):
+        return body
+    out = {}
+    for key, bias in pairs:
+        bias = -100.0 if bias is False else bias          # false: never (llama-server)
+        ids = [int(key)] if isinstance(key, int) or key.isdigit() else \
+            tok.encode(key, add_special=False, parse_special=False)
+        out.update({str(t): bias for t in ids})
+    return {**body, "logit_bias": out}
+
+
+def response_fields(out: dict, fields: list[str]) -> dict:
+    """llama-server's `response_fields`: only these fields, a/b naming b inside a."""
+    picked = {}
+    for path in fields:
+        cur, ok = out, True
+        for key in path.split("/"):
+            if isinstance(cur, dict) and key in cur:
+                cur = cur[key]
+            else:
+                ok = False
+                break
+        if ok:
+            picked[path] = cur
+    return picked
+
+
 async def completion(api: API, request: Request) -> Response:
     """POST /completion, /completions: llama-server's native completion."""
-    req = NativeCompletionRequest.model_validate(await api.json_body(request))
+    req = NativeCompletionRequest.model_validate(text_logit_bias(api.engine.tokenizer, await api.json_body(request)))
     tok = api.engine.tokenizer
     prompts = [tokenize_mixed(tok, p) for p in split_prompts(req.prompt)]
     return await answer(api, request, req, prompts)

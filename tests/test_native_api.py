@@ -4,6 +4,7 @@ they were made). The differences kept on purpose are in docs/server.md ("llama-s
 native endpoints")."""
 import json
 import pathlib
+import time
 
 import httpx
 import pytest
@@ -100,7 +101,7 @@ def test_missing_prompt_is_a_400(smol):
 
 
 def test_bad_prompt_is_a_400_naming_it(smol):
-    r = httpx.post(smol.url + "/completion", json={"prompt": [1, 2.5], "n_predict": 1})
+    r = httpx.post(smol.url + "/completion", json={"prompt": [1, 2.5], "n_predict": 1}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = httpx.post(smol.url + "/completion", json={"prompt": [99999999], "n_predict": 1})
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
@@ -117,8 +118,26 @@ def test_apply_template_equals_llama_server(smol):
     assert r.status_code == 200 and r.json() == c["answer"]
 
 
+def test_logit_bias_by_text_bans_its_tokens(smol):
+    """llama-server's logit_bias names tokens by text too; each token of the text is biased."""
+    c = case("smollm2", "text")
+    want = c["answer"]["tokens"]
+    for bias in ([[" Paris", False]], {" Paris": -100}):
+        r = httpx.post(smol.url + "/completion", json={**c["request"], "logit_bias": bias}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"][0] != want[0] and " Paris" not in r.json()["content"]
+
+
+def test_response_fields_pick_fields(smol):
+    r = httpx.post(smol.url + "/completion", json={"prompt": "Hi", "n_predict": 2,
+                                                   "response_fields": ["content", "generation_settings/n_predict"]},
+                   timeout=120)
+    assert set(r.json()) == {"content", "generation_settings/n_predict"}
+    assert r.json()["generation_settings/n_predict"] == 2
+
+
 def test_v1_completions_stays_openai(smol):
-    r = httpx.post(smol.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1})
+    r = httpx.post(smol.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=120)
     assert r.json()["object"] == "text_completion"
 
 
@@ -212,7 +231,9 @@ def test_llamacpp_metrics_equal_llama_server(smollm2_path):
     with RunningServer(create_app(cfg)) as srv:
         c = case("smollm2", "text")
         assert post(srv, c).status_code == 200
-        text = httpx.get(srv.url + "/metrics").text
+        r = httpx.get(srv.url + "/metrics")
+        text = r.text
+    assert abs(int(r.headers["Process-Start-Time-Unix"]) - time.time()) < 600
     got = metric_lines(text)
     assert "ggserve_generated_tokens_total 8.0" in text          # ours stay beside them
     assert set(got) == set(want)
