@@ -13,7 +13,7 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, sampling_defaults, tags
+from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, llama_argv, sampling_defaults, tags
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
@@ -329,7 +329,7 @@ def config_from_args(args):
 
 
 def serve(argv: list[str]) -> int:
-    args = serve_parser().parse_args(argv)
+    args = serve_parser().parse_args(llama_argv(argv))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = config_from_args(args)

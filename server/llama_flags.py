@@ -35,8 +35,21 @@ def add_llama_flags(p) -> None:
     p.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default=None,
                    help="accepted for llama-server compatibility: attention is computed as the CPU "
                         "build of llama.cpp 11434 computes it by default")
+    p.add_argument("-bs", "--backend-sampling", action="store_true",
+                   help="accepted for llama-server compatibility: sampling always runs on the CPU, "
+                        "which llama.cpp's backend sampling matches")
     p.add_argument("--swa-full", action="store_true",
                    help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
+
+
+def llama_argv(argv: list[str]) -> list[str]:
+    """llama.cpp's common/arg.cpp reads `_` as `-` in long flags (--backend_sampling)."""
+    def fix(a: str) -> str:
+        if not a.startswith("--"):
+            return a
+        name, eq, value = a.partition("=")
+        return name.replace("_", "-") + eq + value
+    return [fix(a) for a in argv]
 
 
 def check_llama_flags(args) -> None:

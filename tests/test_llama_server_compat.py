@@ -209,3 +209,13 @@ def test_verbose_request_field(server):
     assert "Book" in v["prompt"] and v["content"] == r["choices"][0]["message"]["content"]
     assert v["tokens_predicted"] == 2
     assert "__verbose" not in httpx.post(server.url + "/chat/completions", json=body, timeout=60).json()
+
+
+def test_underscores_in_long_flags_read_as_dashes(smollm2_path):
+    # llama.cpp's suite passes --backend_sampling; llama.cpp's arg parser reads _ as -
+    from ggserve.server.llama_flags import llama_argv
+
+    argv = llama_argv(["-m", smollm2_path, "--backend_sampling", "--n_predict=7", "--alias", "a_b"])
+    assert argv[2:] == ["--backend-sampling", "--n-predict=7", "--alias", "a_b"]
+    cfg = config_from_args(serve_parser().parse_args(argv))
+    assert cfg.n_predict == 7 and cfg.alias == "a_b"
