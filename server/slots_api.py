@@ -99,14 +99,15 @@ def _listing(engine) -> list:
         info = {"id": slot, "n_ctx": engine.n_ctx, "speculative": False,
                 "is_processing": slot in engine.slots.running}
         if seq is not None:
+            busy = slot in engine.slots.running       # an idle slot shows no budget (llama-server)
             info.update({
                 "id_task": seq.id,
                 "n_prompt_tokens": len(engine.slots.slot_tokens(slot)),
                 "n_prompt_tokens_processed": max(0, min(seq.n_computed, seq.n_prompt) - seq.n_cached),
                 "n_prompt_tokens_cache": seq.n_cached,
-                "next_token": [{"has_next_token": slot in engine.slots.running, "has_new_line": False,
-                                "n_remain": max(0, seq.request.max_tokens - seq.n_generated),
-                                "n_decoded": seq.n_generated}],
+                "next_token": [{"has_next_token": busy, "has_new_line": False,
+                                "n_remain": max(0, seq.request.max_tokens - seq.n_generated) if busy else -1,
+                                "n_decoded": seq.n_generated if busy else 0}],
             })
         out.append(info)
     return out

@@ -136,6 +136,14 @@ def test_response_fields_pick_fields(smol):
     assert r.json()["generation_settings/n_predict"] == 2
 
 
+def test_idle_slot_after_a_completion_shows_no_budget(smol):
+    """As llama-server (its tests/unit/test_metrics.py): a finished task's budget does not stay on the slot."""
+    assert post(smol, case("smollm2", "alias")).status_code == 200
+    for slot in httpx.get(smol.url + "/slots").json():
+        assert slot["is_processing"] is False
+        assert (slot["next_token"][0]["n_remain"], slot["next_token"][0]["n_decoded"]) == (-1, 0)
+
+
 def test_v1_completions_stays_openai(smol):
     r = httpx.post(smol.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=120)
     assert r.json()["object"] == "text_completion"
