@@ -304,7 +304,7 @@ def test_fake_stream_framing_and_usage(fake):
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert all("usage" in c for c in chunks)
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1])
     assert text == REPLY
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
@@ -317,7 +317,7 @@ def test_fake_stop_split_across_tokens(fake):
             stop=["<|x|>"], stream=stream))
         if stream:
             chunks = sse_events(r)[:-1]
-            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
             finish = chunks[-1]["choices"][0]["finish_reason"]
         else:
             text = r.json()["choices"][0]["message"]["content"]
