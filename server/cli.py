@@ -13,7 +13,8 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import add_llama_flags, check_llama_flags, llama_argv, sampling_defaults, tags
+from ggserve.server.llama_flags import (add_llama_flags, check_llama_flags, llama_argv, reasoning_kwargs,
+                                        sampling_defaults, tags)
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
@@ -268,6 +269,7 @@ def config_from_args(args):
         raise SystemExit(f"ggserve serve: --chat-template-kwargs is not JSON: {e}")
     if not isinstance(kwargs, dict):
         raise SystemExit("ggserve serve: --chat-template-kwargs must be a JSON object")
+    kwargs = {**reasoning_kwargs(args), **kwargs}
     if args.reasoning_budget not in (-1, 0):
         raise SystemExit("ggserve serve: --reasoning-budget must be -1 or 0")
     if not 0.0 <= args.slot_prompt_similarity <= 1.0:

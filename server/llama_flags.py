@@ -13,7 +13,30 @@ import socket
 _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
 
 
+_ON, _OFF, _AUTO = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"), ("auto", "-1")
+
+# llama-server flags for what ggserve does not do: refused by name (not "unrecognized arguments")
+_REFUSED = {"--reranking": (0, "reranking (--pooling rank) is not served"), "--rerank": (0, "reranking is not served"),
+            "--sleep-idle-seconds": (1, "the model stays loaded"), "--media-path": (1, "file:// media are not read"),
+            "--lora": (1, "LoRA adapters are not supported"), "--tools": (1, "built-in tools are not served"),
+            "--ui-mcp-proxy": (0, "the CORS proxy is not served"), "--models-dir": (1, "router mode is not served"),
+            "--models-preset": (1, "router mode is not served"), "--mcp-servers-config": (1, "MCP servers are not served"),
+            "--mcp-servers-json": (1, "MCP servers are not served"), "--grp-attn-n": (1, "self-extend is not supported"),
+            "--grp-attn-w": (1, "self-extend is not supported")}
+
+
+class _Refuse(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is not supported: {_REFUSED[option_string][1]}")
+
+
 def add_llama_flags(p) -> None:
+    for flag, (n, why) in _REFUSED.items():
+        p.add_argument(flag, nargs=n, action=_Refuse, help=argparse.SUPPRESS,
+                       dest=f"_refused{flag.replace('-', '_')}")
+    p.add_argument("-rea", "--reasoning", type=str.lower, choices=_ON + _OFF + _AUTO, default="auto",
+                   metavar="on|off|auto", help="thinking: on/off sets the template's enable_thinking for "
+                   "every request (a request's chat_template_kwargs win); auto: as the template does")
     p.add_argument("--temp", type=float, default=None, metavar="N",
                    help="default temperature of requests that give none (default: 0.8)")
     p.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
@@ -63,6 +86,13 @@ def check_llama_flags(args) -> None:
 
 def tags(args) -> tuple[str, ...]:
     return tuple(sorted({t.strip() for t in args.tags.split(",") if t.strip()}))
+
+
+def reasoning_kwargs(args) -> dict:
+    """--reasoning as llama-server: on/off set enable_thinking in the default template kwargs."""
+    if args.reasoning in _ON:
+        return {"enable_thinking": True}
+    return {"enable_thinking": False} if args.reasoning in _OFF else {}
 
 
 def sampling_defaults(args) -> dict:

@@ -219,3 +219,20 @@ def test_underscores_in_long_flags_read_as_dashes(smollm2_path):
     assert argv[2:] == ["--backend-sampling", "--n-predict=7", "--alias", "a_b"]
     cfg = config_from_args(serve_parser().parse_args(argv))
     assert cfg.n_predict == 7 and cfg.alias == "a_b"
+
+
+@pytest.mark.parametrize("value,kwargs", [("off", {"enable_thinking": False}), ("on", {"enable_thinking": True}),
+                                          ("auto", {})])
+def test_reasoning_flag_sets_enable_thinking(smollm2_path, value, kwargs):
+    # llama-server 11434's --reasoning on|off|auto (common/arg.cpp): the default template kwargs
+    cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path, "--reasoning", value]))
+    assert cfg.chat_template_kwargs == kwargs
+
+
+@pytest.mark.parametrize("argv,name", [(["--reranking"], "--reranking"), (["--media-path", "x"], "--media-path"),
+                                       (["--sleep-idle-seconds", "5"], "--sleep-idle-seconds")])
+def test_unsupported_llama_flags_are_refused_by_name(argv, name, capsys):
+    with pytest.raises(SystemExit):
+        serve_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert f"error: {name} is not supported" in err
