@@ -4,7 +4,8 @@
 'localhost': an Origin whose host is localhost, 127.0.0.1 or ::1 (any scheme and port) is echoed,
 any other gets no Access-Control-Allow-Origin; a list: an Origin in it is echoed (llama-server sends
 the list itself, which browsers reject for more than one). Every OPTIONS request is a preflight,
-answered 200 before authentication: browsers send no credentials with it.
+answered 200 before authentication: browsers send no credentials with it. Header names keep
+llama-server's capitals (HTTP does not care; clients that read headers into a plain dict do).
 """
 from __future__ import annotations
 
@@ -37,11 +38,11 @@ class CORS:
             return await self.app(scope, receive, send)
         origin = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"), "")
         allow = self.allowed(origin) if origin else None
-        extra = [(b"access-control-allow-origin", allow.encode("latin-1"))] if allow else []
+        extra = [(b"Access-Control-Allow-Origin", allow.encode("latin-1"))] if allow else []
         if scope["method"] == "OPTIONS":
-            headers = extra + [(b"access-control-allow-credentials", b"true"),
-                               (b"access-control-allow-methods", METHODS),
-                               (b"access-control-allow-headers", b"*"),
+            headers = extra + [(b"Access-Control-Allow-Credentials", b"true"),
+                               (b"Access-Control-Allow-Methods", METHODS),
+                               (b"Access-Control-Allow-Headers", b"*"),
                                (b"content-type", b"text/html"), (b"content-length", b"0")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
@@ -50,7 +51,7 @@ class CORS:
         async def send_with_cors(message):
             if message["type"] == "http.response.start" and extra:
                 message = {**message, "headers": [*message.get("headers", []), *extra,
-                                                  (b"access-control-allow-credentials", b"true"),
+                                                  (b"Access-Control-Allow-Credentials", b"true"),
                                                   (b"vary", b"Origin")]}
             await send(message)
 

@@ -236,3 +236,12 @@ def test_unsupported_llama_flags_are_refused_by_name(argv, name, capsys):
         serve_parser().parse_args(argv)
     err = capsys.readouterr().err
     assert f"error: {name} is not supported" in err
+
+
+def test_cors_header_names_keep_llama_servers_capitals(smollm2_path):
+    # llama.cpp's suite reads headers into a plain dict: "Access-Control-Allow-Origin" as llama-server writes it
+    import requests
+
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=256, n_parallel=1))) as s:
+        h = dict(requests.options(s.url + "/completions", headers={"Origin": "x.fr", **PREFLIGHT}).headers)
+        assert (h["Access-Control-Allow-Origin"], h["Access-Control-Allow-Credentials"]) == ("x.fr", "true")
