@@ -128,7 +128,7 @@ def run_server(name: str, target: str, files: list[str], jobs: int, file_timeout
     running: list[tuple] = []
     slot_ports = list(range(jobs))
     t0 = time.time()
-    port_base = 20000 + os.getpid() % 200 * 200      # apart from another run's servers
+    port_base = 20000 + os.getpid() % 60 * 200      # apart from another run's servers, below the ephemeral ports
     while queue or running:
         while queue and slot_ports:
             f, slot = queue.pop(0), slot_ports.pop(0)
