@@ -11,8 +11,10 @@ writes (bench/results/soak.json):
   kv_cells_end     KV cells in use once the load stopped and the server went idle
                    (cells idle slots keep for their cached prompt prefix count here,
                    as in llama-server; kv_cells_idle_baseline is the same after one
-                   request before the load)
-  rss_mb           at minute 5 (or at a sixth of a shorter run) and at the end
+                   request before the load); kv_cells_after_erasing_slots: after
+                   POST /slots/{id}?action=erase on every slot and the baseline's
+                   request again (equal to the baseline: no cell leaked)
+  rss_mb           at minute 5 (or half-way through a shorter run) and at the end
 
     python bench/soak.py --minutes 30 --streams 16 --disconnect 0.3
 """
@@ -26,6 +28,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -109,6 +112,9 @@ def main(argv=None) -> int:
     ap.add_argument("--disconnect", type=float, default=0.3, help="share of streams dropped mid-way")
     ap.add_argument("--parallel", type=int, default=4, help="server slots (-np)")
     ap.add_argument("--threads", type=int, default=1, help="server ggml threads (-t)")
+    ap.add_argument("--cache-ram", type=int, default=0, metavar="MIB",
+                    help="the server's host-RAM prompt cache (--cache-ram); it grows by design up to "
+                         "its limit (llama-server's default 8192), so 0 here lets RSS show the rest")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(_HERE, "results", "soak.json"))
     args = ap.parse_args(argv)
@@ -117,8 +123,10 @@ def main(argv=None) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
+    slot_dir = tempfile.mkdtemp(prefix="soak-slots-")       # (lets the end erase the slots' caches)
     cmd = [sys.executable, "-m", "ggserve.server.cli", "serve", "--port", str(port), "--metrics",
-           "--no-webui", "-np", str(args.parallel), "-c", "4096", "-t", str(args.threads)]
+           "--no-webui", "-np", str(args.parallel), "-c", "4096", "-t", str(args.threads),
+           "--slot-save-path", slot_dir, "--cache-ram", str(args.cache_ram)]
     if args.model:
         cmd += ["-m", args.model]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -167,19 +175,28 @@ def main(argv=None) -> int:
                  "kv_cells_used": metric(url, "ggserve_kv_cells_used"),
                  "running": metric(url, "ggserve_requests_running")}
         samples.append(final)
+        kv_after_erase = None
+        try:
+            for slot in range(args.parallel):   # what idle slots keep for their prompts
+                httpx.post(f"{url}/slots/{slot}?action=erase", timeout=60).raise_for_status()
+            # the gauge updates when requests come and go: the baseline's request again
+            one_stream(url, random.Random(-1), 0.0, Counts())
+            kv_after_erase = metric(url, "ggserve_kv_cells_used")
+        except httpx.HTTPError as e:
+            print(f"soak: erasing the slots failed: {e}")
     finally:
         server.terminate()
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
-    mark = min(300.0, duration / 6)
+    mark = min(300.0, duration / 2)
     at_mark = min(samples, key=lambda s: abs(s["t_s"] - mark))
     result = {"minutes": args.minutes, "streams": args.streams, "disconnect": args.disconnect,
               "completed": counts.completed, "dropped": counts.dropped, "errors": counts.errors,
               "tokens": counts.tokens, "error_samples": counts.error_samples,
               "kv_cells_idle_baseline": baseline_kv, "kv_cells_end": final["kv_cells_used"],
-              "running_end": final["running"], "rss_mark_s": at_mark["t_s"], "rss_mb_mark": at_mark["rss_mb"],
+              "running_end": final["running"], "kv_cells_after_erasing_slots": kv_after_erase, "rss_mark_s": at_mark["t_s"], "rss_mb_mark": at_mark["rss_mb"],
               "rss_mb_end": final["rss_mb"], "rss_change_pct": round(100 * (final["rss_mb"] / at_mark["rss_mb"] - 1), 2),
               "server_exit_code": server.returncode}
     print({k: v for k, v in result.items() if k != "error_samples"})
