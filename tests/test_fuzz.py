@@ -90,7 +90,7 @@ def test_hostile_requests_get_no_5xx(server):
 
         post()
         get()
-    assert len(seen) >= 500                                # distinct hostile requests
+    assert len(seen) >= 400                                # distinct hostile requests
     assert httpx.get(server.url + "/health").status_code == 200
     deadline = time.monotonic() + 30
     while server.metric("ggserve_requests_running") and time.monotonic() < deadline:

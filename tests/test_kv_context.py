@@ -40,11 +40,12 @@ def test_default_flags_are_llama_servers():
     assert (cfg.kv_unified, cfg.cache_type_k, cfg.cache_type_v) == (True, "q8_0", "q4_0")
 
 
-def test_a_quantized_kv_cache_answers_as_llama_server(smollm2_path):
-    """-ctk q8_0 -ctv q8_0: K and V Hadamard-rotated before they are quantized, as
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_a_quantized_kv_cache_answers_as_llama_server(smollm2_path, kv_type):
+    """-ctk/-ctv q8_0 or q4_0: K and V Hadamard-rotated before they are quantized, as
     llama.cpp 11434 does; greedy tokens equal llama-server's on the golden prompts."""
-    ref = json.loads((DATA / "q8_0.json").read_text())
-    e = Engine(smollm2_path, n_ctx=4096, n_parallel=1, n_threads=2, cache_type_k="q8_0", cache_type_v="q8_0")
+    ref = json.loads((DATA / f"{kv_type}.json").read_text())
+    e = Engine(smollm2_path, n_ctx=4096, n_parallel=1, n_threads=2, cache_type_k=kv_type, cache_type_v=kv_type)
     try:
         for case in ref["cases"][:4]:
             gold = case["generated_ids"]

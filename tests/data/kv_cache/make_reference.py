@@ -1,8 +1,8 @@
 """Record llama-server's answers for tests/test_kv_context.py (see README.md here).
 
 usage: python make_reference.py LLAMA_SERVER MODEL
-Starts llama-server 11434 twice (a quantized KV cache; context shift) and writes
-q8_0.json and context_shift.json next to this file.
+Starts llama-server 11434 three times (a q8_0 and a q4_0 KV cache; context shift) and
+writes q8_0.json, q4_0.json and context_shift.json next to this file.
 """
 import json
 import pathlib
@@ -33,8 +33,8 @@ def serve(binary, model, args, port=18432):
     raise SystemExit("llama-server did not start")
 
 
-def quantized(binary, model):
-    args = ["-c", "4096", "-np", "1", "-t", "2", "-ctk", "q8_0", "-ctv", "q8_0"]
+def quantized(binary, model, kv_type="q8_0"):
+    args = ["-c", "4096", "-np", "1", "-t", "2", "-ctk", kv_type, "-ctv", kv_type]
     proc, url = serve(binary, model, args)
     try:
         out = []
@@ -66,5 +66,6 @@ def context_shift(binary, model):
 
 if __name__ == "__main__":
     binary, model = sys.argv[1], sys.argv[2]
-    (HERE / "q8_0.json").write_text(json.dumps(quantized(binary, model)))
+    for kv_type in ("q8_0", "q4_0"):
+        (HERE / f"{kv_type}.json").write_text(json.dumps(quantized(binary, model, kv_type)))
     (HERE / "context_shift.json").write_text(json.dumps(context_shift(binary, model)))
