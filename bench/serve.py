@@ -358,11 +358,14 @@ def llama_server_version(path: str) -> str | None:
         return None
 
 
+def ggserve_exe(given: str | None = None) -> list[str]:
+    """The command that runs ggserve: `given`, else the one next to this Python."""
+    exe = given or shutil.which("ggserve", path=os.path.dirname(sys.executable)) or shutil.which("ggserve")
+    return [exe] if exe else [sys.executable, "-m", "ggserve.server.cli"]
+
+
 def ggserve_argv(args, port: int, mmproj: str | None) -> list[str]:
-    exe = args.ggserve or shutil.which("ggserve", path=os.path.dirname(sys.executable)) \
-        or shutil.which("ggserve")
-    base = [exe] if exe else [sys.executable, "-m", "ggserve.server.cli"]
-    argv = base + ["serve", "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
+    argv = ggserve_exe(args.ggserve) + ["serve", "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
                    "-t", str(args.threads)]
     if not args.server_defaults:
         argv += ["-c", str(args.ctx), "-np", str(args.parallel), "-b", str(args.batch)]
@@ -431,7 +434,8 @@ def request_body(model: str, messages: list, max_tokens: int) -> dict:
             "stream_options": {"include_usage": True}}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result:
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, on_first=None) -> Result:
+    """Stream one request; on_first() is called when its first content arrives."""
     res = Result()
     t0 = time.perf_counter()
     last = None
@@ -463,6 +467,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result
                         res.text += delta.get("content") or ""
                         if last is None:
                             res.ttft = now - t0
+                            if on_first:
+                                on_first()
                         else:
                             res.gaps.append(now - last)
                         last = now
