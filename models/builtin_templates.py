@@ -15,6 +15,11 @@ BUILTIN = {
         "{{- bos_token -}}{%- for message in messages -%}" + _CONTENT +
         "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + c | trim + '<|eot_id|>' -}}"
         "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"),
+    "command-r": (
+        "{%- for message in messages -%}" + _CONTENT +
+        "{%- set tag = {'system': 'SYSTEM', 'user': 'USER', 'assistant': 'CHATBOT'}.get(message['role']) -%}"
+        "{%- if tag -%}{{- '<|START_OF_TURN_TOKEN|><|' + tag + '_TOKEN|>' + c | trim + '<|END_OF_TURN_TOKEN|>' -}}{%- endif -%}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}"),
     "gemma": (
         "{{- bos_token -}}{%- for message in messages -%}" + _CONTENT +
         "{%- set role = 'model' if message['role'] == 'assistant' else 'user' -%}"

@@ -80,14 +80,19 @@ def split_prompts(prompt) -> list:
         return [prompt]
     if not prompt:
         raise invalid("prompt must not be empty", param="prompt")
-    if any(isinstance(x, dict) for x in prompt):     # {prompt_string, multimodal_data}
-        raise invalid("multimodal_data prompts are not supported by /completion here; send images "
-                      "to /v1/chat/completions", param="prompt")
     return list(prompt)
 
 
 def tokenize_mixed(tok, p) -> list[int]:
-    """One prompt -> ids, as llama-server's tokenize_mixed: only a leading string gets BOS."""
+    """One prompt -> ids, as llama-server's tokenize_mixed: only a leading string gets BOS.
+    {"prompt_string": ...} stands for its prompt_string (llama-server's JSON prompt)."""
+    if isinstance(p, dict):
+        if "multimodal_data" in p:
+            raise invalid("multimodal_data prompts are not supported by /completion here; send images "
+                          "to /v1/chat/completions", param="prompt")
+        if "prompt_string" not in p:
+            raise invalid("a JSON prompt needs a prompt_string", param="prompt")
+        p = p["prompt_string"]
     parts = [p] if isinstance(p, str) else p
     if not isinstance(parts, list):
         raise invalid("each prompt must be a string, a list of token ids, or a list mixing both",
@@ -144,25 +149,6 @@ def probs(api: API, entries, k: int) -> list[dict]:
     return [{**one(t, lp), "top_logprobs": [one(u, v) for u, v in top[:k]]} for t, lp, top in entries]
 
 
-def timings(job: Job, i: int) -> dict:
-    """llama-server's `timings` of choice i. prompt_ms runs from the request's arrival to its
-    first token (llama-server: the prompt's own compute, without queueing)."""
-    c = job.choices[i]
-    prompt_n = max(c.n_prompt - c.n_cached, 0)
-    prompt_ms = (c.t_first - job.t_submit) * 1000 if c.t_first is not None else 0.0
-    pred_ms = (c.t_last - c.t_first) * 1000 if c.t_first is not None and c.t_last is not None else 0.0
-    steps = max(c.n_tokens - 1, 0)
-    out = {"cache_n": c.n_cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-           "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-           "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms else 0.0,
-           "predicted_n": c.n_tokens, "predicted_ms": pred_ms,
-           "predicted_per_token_ms": pred_ms / steps if steps else 0.0,
-           "predicted_per_second": steps * 1000 / pred_ms if pred_ms else 0.0}
-    if c.n_draft:
-        out.update(draft_n=c.n_draft, draft_n_accepted=c.n_draft_accepted)
-    return out
-
-
 def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
     c = job.choices[i]
     if c.stops.stopped:
@@ -204,7 +190,7 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
                "has_new_line": "\n" in "".join(texts[i]), "truncated": False,
                "stop_type": kind, "stopping_word": word,
                "tokens_cached": (c.n_prompt or len(prompts[i])) + max(c.n_tokens - 1, 0),
-               "timings": timings(job, i)}
+               "timings": job.choice_timings(i)}
         if k and not req.stream:          # a stream sent them with each token
             out["completion_probabilities"] = probs(api, lps, k)
         return out
