@@ -162,18 +162,26 @@ class Job:
         """llama-server's `timings` of an answer: generated tokens, the time from the first
         to the last, and with speculative decoding the drafted and accepted tokens."""
         c = self.choices[0]
-        ms = (c.t_last - c.t_first) * 1000 if c.t_first is not None and c.t_last is not None else 0.0
-        prompt_n = self.prompt_tokens - self.cached_tokens
+        return self._timings(c, self.prompt_tokens - self.cached_tokens, self.completion_tokens,
+                             sum(x.n_draft for x in self.choices), sum(x.n_draft_accepted for x in self.choices))
+
+    def choice_timings(self, i: int) -> dict:
+        """The same for choice i alone (the native endpoints give one per prompt)."""
+        c = self.choices[i]
+        return self._timings(c, max(c.n_prompt - c.n_cached, 0), c.n_tokens, c.n_draft, c.n_draft_accepted)
+
+    def _timings(self, c: Choice, prompt_n: int, predicted_n: int, n_draft: int, n_accepted: int) -> dict:
         # llama-server times the prompt's compute; here: from arrival to the first token
         prompt_ms = (c.t_first - self.t_submit) * 1000 if c.t_first is not None else 0.0
+        ms = (c.t_last - c.t_first) * 1000 if c.t_first is not None and c.t_last is not None else 0.0
         steps = max(c.n_tokens - 1, 0)
-        out = {"cache_n": self.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+        out = {"cache_n": c.n_cached,
+               "prompt_n": prompt_n, "prompt_ms": prompt_ms,
                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
                "prompt_per_second": prompt_n * 1000 / prompt_ms if prompt_ms else 0.0,
-               "predicted_n": self.completion_tokens, "predicted_ms": ms,
+               "predicted_n": predicted_n, "predicted_ms": ms,
                "predicted_per_token_ms": ms / steps if steps else 0.0,
                "predicted_per_second": steps * 1000 / ms if ms else 0.0}
-        n_draft = sum(x.n_draft for x in self.choices)
         if n_draft:
-            out.update(draft_n=n_draft, draft_n_accepted=sum(x.n_draft_accepted for x in self.choices))
+            out.update(draft_n=n_draft, draft_n_accepted=n_accepted)
         return out
