@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Union
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
