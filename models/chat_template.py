@@ -148,7 +148,12 @@ class ChatTemplate:
             if not msgs or msgs[-1].get("role") != "assistant":
                 raise TemplateError("continue_final_message needs a final assistant message")
             last = msgs.pop()
-            suffix = _content_text(last["content"])
+            # common_chat_msg::render_content: the text parts joined by a blank line
+            raw = messages[-1].get("content")
+            suffix = raw if isinstance(raw, str) or raw is None else "\n\n".join(
+                p if isinstance(p, str) else p.get("text", "") for p in raw
+                if isinstance(p, str) or p.get("type") == "text")
+            suffix = suffix or ""
             if self._ministral3:   # llama.cpp's ministral_3 handler writes the open turn itself
                 reasoning = last.get("reasoning_content") or ""
                 suffix = "[THINK]" + reasoning + ("" if reasoning and not suffix else "[/THINK]" + suffix)

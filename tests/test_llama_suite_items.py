@@ -3,6 +3,8 @@ scripts/llama_server_suite.py) checks, one per test, with llama-server's answers
 source (tools/server/*.cpp) or the suite states them."""
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
@@ -56,3 +58,16 @@ def test_completion_json_prompt_with_images_is_refused_without_vision(server):
     r = post(server, "/completion", {**GREEDY, "prompt": {"prompt_string": PROMPT + " <__media__>",
                                                           "multimodal_data": ["iVBORw0KGgo="]}})
     assert r.status_code == 400 and "multimodal_data" in r.json()["error"]["message"]
+
+
+def test_assistant_prefill_joins_text_parts_with_a_blank_line():
+    # llama.cpp's common_chat_msg::render_content("\n\n") (test_chat_template_assistant_prefill)
+    path = os.path.join(os.path.dirname(__file__), "data", "templates", "meta-llama-Llama-3.1-8B-Instruct.jinja")
+    t = ChatTemplate(open(path, encoding="utf-8").read(), bos_token="<|begin_of_text|>")
+    text = t.render([{"role": "system", "content": "Book"},
+                     {"role": "user", "content": "What is the best book"},
+                     {"role": "assistant", "content": [{"type": "text", "text": "Wh"},
+                                                       {"type": "text", "text": "ill"}]}],
+                    add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\nWh\n\nill")
