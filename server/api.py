@@ -60,6 +60,8 @@ class API:
         bad = req.unsupported()
         if bad:
             raise invalid(f"{bad} is not supported by this server", param=bad)
+        if not -1 <= req.id_slot < self.cfg.n_parallel:     # (llama-server would wait forever)
+            raise invalid(f"id_slot must be -1 (any) or a slot below {self.cfg.n_parallel}", param="id_slot")
 
     @property
     def grammars(self):
@@ -106,7 +108,12 @@ class API:
                                   f"(n_vocab={n_vocab})", param="logit_bias")
                 bias[tok] = -math.inf if v <= -100 else float(v)
             kw["logit_bias"] = bias
+        if getattr(req, "ignore_eos", False):
+            # llama-server bans every end-of-generation token (-inf logit_bias, after the request's)
+            kw["logit_bias"] = {**kw.get("logit_bias", {}),
+                                **{t: -math.inf for t in sorted(self.engine.tokenizer.eog_ids)}}
         kw["n_probs"] = n_probs
+        kw["post_probs"] = bool(getattr(req, "post_sampling_probs", False))
         try:
             params = SamplingParams(**kw)       # checks its fields
         except ValueError as e:

@@ -123,7 +123,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
     fmt = opts.syntax or Format()
     return await api.service.submit([prompt] * req.n, params, req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop,
-                                    output=opts.output(prompt.text),
+                                    output=opts.output(prompt.text), id_slot=req.id_slot,
                                     show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
 
 
@@ -240,7 +240,7 @@ async def completions(api: API, request: Request) -> Response:
         p.grammar = grammar
     per_choice = [p for p in prompts for _ in range(req.n)]
     job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
-                                    ignore_eos=req.ignore_eos, stops=req.stop)
+                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
     rid, created, model = S.new_id("cmpl"), S.now(), api.model_id()
     tok = api.engine.tokenizer
     echo = [tok.decode(p) if req.echo else "" for p in per_choice]

@@ -56,8 +56,6 @@ class NativeCompletionRequest(S._Sampling):
         return None if n is None or n < 0 else n       # llama-server's -1: until EOS or context end
 
     def refused(self) -> Optional[str]:
-        if self.post_sampling_probs:
-            return "post_sampling_probs"
         if self.n_indent:
             return "n_indent"
         if self.t_max_predict_ms:
@@ -134,19 +132,22 @@ def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
         "chat_format": "Content-only", "reasoning_format": api.cfg.reasoning_format,
         "reasoning_in_content": False, "generation_prompt": "", "samplers": list(_SAMPLERS),
         "speculative.types": "none", "timings_per_token": req.timings_per_token,
-        "post_sampling_probs": False, "backend_sampling": False, "lora": [],
+        "post_sampling_probs": req.post_sampling_probs, "backend_sampling": False, "lora": [],
     }
 
 
-def probs(api: API, entries, k: int) -> list[dict]:
-    """`completion_probabilities` of the tokens behind a piece of text."""
+def probs(api: API, entries, k: int, post: bool = False) -> list[dict]:
+    """`completion_probabilities` of the tokens behind a piece of text; post (post_sampling_probs):
+    probabilities after the sampler chain, as `prob` / `top_probs` (the sampler keeps them as logs)."""
     tb = api.service.engine.tokenizer.token_bytes
 
     def one(t, lp):
         raw = tb(t)
-        return {"id": t, "token": S.token_text(raw), "bytes": list(raw), "logprob": lp}
+        return {"id": t, "token": S.token_text(raw), "bytes": list(raw),
+                **({"prob": math.exp(lp)} if post else {"logprob": lp})}
 
-    return [{**one(t, lp), "top_logprobs": [one(u, v) for u, v in top[:k]]} for t, lp, top in entries]
+    top_key = "top_probs" if post else "top_logprobs"
+    return [{**one(t, lp), top_key: [one(u, v) for u, v in top[:k]]} for t, lp, top in entries]
 
 
 def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
@@ -167,7 +168,7 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
     params[0].grammar = grammar
     return await api.service.submit([Prompt(p) for p in prompts], params * len(prompts), req.limit,
-                                    ignore_eos=req.ignore_eos, stops=req.stop)
+                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
 
 
 async def answer(api: API, request: Request, req: NativeCompletionRequest,
@@ -192,7 +193,7 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
                "tokens_cached": (c.n_prompt or len(prompts[i])) + max(c.n_tokens - 1, 0),
                "timings": job.choice_timings(i)}
         if k and not req.stream:          # a stream sent them with each token
-            out["completion_probabilities"] = probs(api, lps, k)
+            out["completion_probabilities"] = probs(api, lps, k, req.post_sampling_probs)
         return out
 
     if not req.stream:
@@ -226,7 +227,7 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
                          "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
                          "tokens_evaluated": c.n_prompt or len(prompts[i])}
                 if k:
-                    chunk["completion_probabilities"] = probs(api, d.logprobs, k)
+                    chunk["completion_probabilities"] = probs(api, d.logprobs, k, req.post_sampling_probs)
                 yield chunk
             if d.finish_reason:
                 yield final(i, "", [], [], d.finish_reason)

@@ -78,7 +78,8 @@ class PrefixCache:
         # what each slot's memory can give: the prompt's prefix it holds, as far as memory can be cut there
         usable = [self.memory.reusable(s, _whole_images(seq, min(common_prefix(self.slot_tokens(s), prompt), limit)))
                   for s in range(self.n_slots)]
-        slot = self._choose([s for s in range(self.n_slots) if s not in self.running], usable, len(prompt))
+        free = [s for s in range(self.n_slots) if s not in self.running]
+        slot = seq.request.id_slot if seq.request.id_slot in free else self._choose(free, usable, len(prompt))
         # a longer prefix in another slot (running or idle) is shared instead
         src = max(range(self.n_slots), key=lambda s: (usable[s], s == slot))
         reuse = usable[src]

@@ -5,7 +5,7 @@ logit_bias -> penalties (repeat, frequency, presence) -> top_k -> typical_p
 -> top_p -> min_p -> temperature -> draw from the softmax with the row's RNG.
 Greedy (temperature <= 0 or top_k == 1) is the argmax of the biased, penalised
 logits. Reported logprobs come from the raw logits (llama-server's
-`post_sampling_probs=false`).
+`post_sampling_probs=false`), or with post_probs from the chain's final candidates.
 
 Ties between equal logits always go to the lower token id, so a row's result
 depends only on its own logits and sampler, never on the other rows of the batch.
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
+
+from .llama_rng import LlamaRng
 
 # Rows per block for the raw log-softmax: bounds the float32 temporary.
 _LSE_BLOCK = 16
@@ -37,6 +39,7 @@ class SamplingParams:
     seed: int | None = None    # None: random seed
     logit_bias: dict[int, float] = field(default_factory=dict)   # -inf bans a token
     n_probs: int = 0           # top-N logprobs to report (0 = none)
+    post_probs: bool = False   # report the chain's final candidates instead (llama-server's post_sampling_probs)
     grammar: object = None     # server/grammar.py Grammar: constrains the tokens drawn
 
     def __post_init__(self):
@@ -94,11 +97,11 @@ class SamplingParams:
 
 
 class SequenceSampler:
-    """Per-sequence state: its RNG (numpy Generator seeded from params.seed) and its token history for penalties."""
+    """Per-sequence state: its RNG (llama.cpp's, seeded from params.seed) and its token history for penalties."""
 
     def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int] = ()):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = LlamaRng(params.seed)
         self._history: list[int] = []
         self._counts: Counter[int] = Counter()   # whole-history counts, for repeat_last_n == -1
         self._bias_ids = np.fromiter(params.logit_bias.keys(), np.int64, len(params.logit_bias))
@@ -107,6 +110,7 @@ class SequenceSampler:
         self._penalised = p.repeat_last_n != 0 and (
             p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
         self.constraint = None
+        self.post: list[tuple[int, float]] = []     # post_probs: the last draw's candidates, best first
         for tok in prompt_tokens:
             self.accept(tok)
         if params.grammar is not None:    # its first mask starts computing now
@@ -206,12 +210,20 @@ class SequenceSampler:
 
         vmax = vals[0] if is_sorted else vals.max()
         if not np.isfinite(vmax):      # everything banned: nothing sensible to draw
+            self.post = []
             return int(np.argmax(row))
-        # softmax(logit / T), drawn by inverse CDF
-        z = np.exp((vals.astype(np.float64) - float(vmax)) / p.temperature)
+        # softmax(logit / T) drawn by inverse CDF, as llama.cpp's dist sampler: logit / T and exp
+        # in float32, sums in double, the first candidate whose running sum reaches u * sum
+        scaled = vals.astype(np.float32) / np.float32(p.temperature)
+        z = np.exp(scaled - scaled.max()).astype(np.float64)
         cdf = np.cumsum(z)
-        j = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(cdf) - 1)
-        return int(j if idx is None else idx[j])
+        j = min(int(np.searchsorted(cdf, u * cdf[-1], side="left")), len(cdf) - 1)
+        tok = int(j if idx is None else idx[j])
+        if p.post_probs:
+            order = np.argsort(-z, kind="stable")[:max(p.n_probs, 1)]
+            ids = order if idx is None else idx[order]
+            self.post = [(tok, float(z[j] / cdf[-1]))] + [(int(t), float(q)) for t, q in zip(ids, z[order] / cdf[-1])]
+        return tok
 
 
 @dataclass
@@ -228,7 +240,7 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
         raise ValueError(f"logits shape {logits.shape} does not match {len(samplers)} samplers")
     n_rows, n_vocab = logits.shape
     # log-softmax only for the rows that report logprobs (a full pass over the vocab)
-    wants_lp = [i for i, s in enumerate(samplers) if s.params.n_probs > 0]
+    wants_lp = [i for i, s in enumerate(samplers) if s.params.n_probs > 0 and not s.params.post_probs]
     lse = np.zeros(n_rows, dtype=np.float32)
     if wants_lp:
         lse[wants_lp] = _logsumexp_rows(_take_rows(logits, wants_lp))
@@ -256,7 +268,7 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
     results = []
     by_n: dict[int, list[int]] = defaultdict(list)
     for i, s in enumerate(samplers):
-        if s.params.n_probs > 0:
+        if s.params.n_probs > 0 and not s.params.post_probs:
             by_n[min(s.params.n_probs, n_vocab)].append(i)
     tops_raw: dict[int, np.ndarray] = {}
     for n, rows in by_n.items():
@@ -268,6 +280,10 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
             ids = tops_raw[i]
             top = [(int(t), float(lp)) for t, lp in zip(ids, logits[i, ids] - lse[i])]
         lp = float(logits[i, tok] - lse[i]) if samplers[i].params.n_probs > 0 else None
+        if samplers[i].params.post_probs:    # probabilities as logs; a greedy pick had probability 1
+            post = [(tok, 1.0), (tok, 1.0)] if samplers[i].params.greedy else samplers[i].post
+            lp = math.log(post[0][1]) if post else 0.0
+            top = [(t, math.log(q)) for t, q in post[1:] if q > 0]
         results.append(SampleResult(tok, lp, top))
     return results
 

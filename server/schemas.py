@@ -122,8 +122,6 @@ class _Sampling(_Model):
 
     def unsupported(self) -> str | None:
         """A llama.cpp field set to something this server does not do, by name."""
-        if self.id_slot != -1:
-            return "id_slot"
         if self.samplers is not None:
             return "samplers"
         if self.dry_multiplier:

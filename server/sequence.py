@@ -25,6 +25,7 @@ class Request:
     # an embedding request (server/pooling.py): prompt only; its last step returns the
     # pooled final hidden states instead of sampling (max_tokens and params unused)
     embed: bool = False
+    id_slot: int = -1          # llama-server's id_slot: the slot it takes when that one is free
 
 
 @dataclass

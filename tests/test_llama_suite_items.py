@@ -3,6 +3,7 @@ scripts/llama_server_suite.py) checks, one per test, with llama-server's answers
 source (tools/server/*.cpp) or the suite states them."""
 from __future__ import annotations
 
+import json
 import os
 
 import httpx
@@ -14,11 +15,23 @@ from ggserve.server.app import ServerConfig, create_app
 from server_harness import RunningServer
 
 
+REF = json.load(open(os.path.join(os.path.dirname(__file__), "data", "llama_suite_items", "reference.json"),
+                     encoding="utf-8"))["cases"]
+
+
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=1024, n_parallel=2,
-                                               n_predict=8))) as s:
+    # as record.py ran llama-server: --temp 0.8 --seed 42 -c 512 -np 2 -b 32
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=512, n_parallel=2, n_batch=32,
+                                               sampling_defaults={"temperature": 0.8, "seed": 42}))) as s:
         yield s
+
+
+def replay(server, case):
+    c = REF[case]
+    r = post(server, c["path"], c["request"])
+    assert r.status_code == c["status"] == 200
+    return r.json(), c["response"]
 
 
 def post(server, path, body):
@@ -71,3 +84,63 @@ def test_assistant_prefill_joins_text_parts_with_a_blank_line():
                     add_generation_prompt=False, continue_final_message=True)
     assert text.endswith("<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|>"
                          "<|start_header_id|>assistant<|end_header_id|>\n\nWh\n\nill")
+
+
+def test_ignore_eos_bans_end_of_generation_tokens(server):
+    # llama-server appends a -inf logit_bias for every EOG token (shown as null)
+    got, want = replay(server, "ignore_eos")
+    assert got["generation_settings"]["logit_bias"] == want["generation_settings"]["logit_bias"] \
+        == [{"bias": None, "token": 0}, {"bias": None, "token": 2}, {"bias": None, "token": 4}]
+    assert got["content"] == want["content"]
+
+
+def _probs(answer):
+    return [(t["id"], t["prob"], [(u["id"], u["prob"]) for u in t["top_probs"]])
+            for t in answer["completion_probabilities"]]
+
+
+def test_post_sampling_probs_are_the_sampler_chains_candidates(server):
+    # seed 42 (the server's): the same draws, and each step's top_k/top_p/min_p/temperature candidates
+    got, want = replay(server, "post_sampling_probs")
+    assert got["content"] == want["content"]
+    for (t, p, top), (t2, p2, top2) in zip(_probs(got), _probs(want), strict=True):
+        assert t == t2 and p == pytest.approx(p2, abs=1e-5)
+        assert [u for u, _ in top] == [u for u, _ in top2]
+        assert [q for _, q in top] == pytest.approx([q for _, q in top2], abs=1e-5)
+    assert "top_logprobs" not in got["completion_probabilities"][0]
+
+
+def test_post_sampling_probs_of_a_greedy_pick_is_one_candidate(server):
+    got, want = replay(server, "post_sampling_probs_greedy")
+    assert _probs(got) == _probs(want) == [(599, 1.0, [(599, 1.0)]), (_probs(want)[1][0], 1.0, [(_probs(want)[1][0], 1.0)])]
+
+
+@pytest.mark.slow
+def test_sampled_answer_repeats_llama_servers_with_its_seed(server):
+    # llama.cpp's RNG (std::mt19937, uniform_real_distribution): --seed 42 draws the same tokens
+    got, want = replay(server, "sampled_to_eos")
+    assert got["content"] == want["content"]
+    assert got["timings"]["predicted_n"] == want["timings"]["predicted_n"] == 84
+
+
+def test_chat_n_choices_are_seeded_as_llama_servers_children(server):
+    # choice i runs with seed + i (llama-server's child tasks)
+    got, want = replay(server, "sampled_chat_n2")
+    assert [c["message"]["content"] for c in got["choices"]] == [c["message"]["content"] for c in want["choices"]]
+    assert [c["index"] for c in got["choices"]] == [0, 1]
+
+
+def test_id_slot_pins_the_request_to_that_slot(server):
+    a = "Tell me about the history of the Roman empire in detail please"
+    b = "List three colours"
+    for prompt in (a, b):
+        r = post(server, "/completion", {"prompt": prompt, "id_slot": 1, "n_predict": 1, "temperature": 0})
+        assert r.status_code == 200
+    n_b = len(post(server, "/tokenize", {"content": b}).json()["tokens"])
+    slots = httpx.get(server.url + "/slots").json()
+    assert slots[1]["n_prompt_tokens"] == n_b != slots[0]["n_prompt_tokens"]
+
+
+def test_id_slot_beyond_the_slots_is_refused(server):
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "id_slot": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"
