@@ -5,7 +5,8 @@ the GGUF's), the normalization the request's `embd_normalize` (default
 that the scheduler batches with whatever else runs (server/pooling.py).
 
 Inputs, as llama-server reads them: a string, a list of token ids, a list mixing
-strings and ids (one input), or a list of those (one input each). Strings are
+strings and ids (one input), `{"content": [text parts]}` (OpenAI's content, the texts
+joined; no images), or a list of those (one input each). Strings are
 tokenized with the model's special tokens (BOS where the GGUF adds it).
 """
 from __future__ import annotations
@@ -101,5 +102,22 @@ def _one_input(tok, x) -> list[int]:
         for i, e in enumerate(x):
             ids += tok.encode(e, add_special=i == 0, parse_special=True) if isinstance(e, str) else [e]
         return ids
+    if isinstance(x, dict) and "content" in x:
+        return tok.encode(_content_text(x["content"]), add_special=True, parse_special=True)
+    if isinstance(x, dict) and "prompt_string" in x and "multimodal_data" not in x:
+        return _one_input(tok, x["prompt_string"])
     raise invalid("each input must be a string, a list of token ids, or a list of strings and token ids",
                   param="input")
+
+
+def _content_text(content) -> str:
+    """llama-server's tokenize_oai_content_array: {"content": [parts]}, the text parts joined."""
+    if not isinstance(content, list):
+        raise invalid('"content" must be an array', param="input")
+    for p in content:
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in ("image_url", "input_audio", "input_video", "video_url"):
+            raise invalid(f"{kind} input is not supported for embeddings by this server", param="input")
+        if kind != "text" or not isinstance(p.get("text", ""), str):
+            raise invalid("unsupported content[].type", param="input")
+    return "".join(p.get("text", "") for p in content)

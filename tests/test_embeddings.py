@@ -124,6 +124,15 @@ def test_token_id_lists_equal_the_strings(smol_mean):
     assert_close(r.json()["data"][1]["embedding"], want[5])
 
 
+def test_content_text_parts_equal_the_string(smol_mean):
+    """{"content": [text parts]}: the parts' text joined (llama-server's tokenize_oai_content_array)."""
+    r = post(smol_mean, {"input": ["hello world", {"content": [{"type": "text", "text": "hello "},
+                                                               {"type": "text", "text": "world"}]}]})
+    assert r.status_code == 200
+    a, b = (d["embedding"] for d in r.json()["data"])
+    assert a == b and r.json()["usage"]["prompt_tokens"] == 2 * 2
+
+
 def test_a_list_longer_than_the_queue(smol_mean):
     """OpenAI takes up to 2048 inputs in one request: more than --parallel + --max-queue
     (4 + 64) all come back, in order, not a 429."""
@@ -169,6 +178,10 @@ def test_native_shape(smol_mean):
     ({"input": [{"text": "x"}]}, "input",
      "each input must be a string, a list of token ids, or a list of strings and token ids"),
     ({"input": "x", "embd_normalize": -2}, "embd_normalize", None),
+    ({"input": {"content": "x"}}, "input", '"content" must be an array'),
+    ({"input": {"content": [{"type": "unknown"}]}}, "input", "unsupported content[].type"),
+    ({"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}},
+     "input", "image_url input is not supported for embeddings by this server"),
 ])
 def test_bad_input_is_a_400(smol_mean, body, param, message):
     r = post(smol_mean, body)
