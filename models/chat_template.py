@@ -68,8 +68,20 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Undefined(jinja2.Undefined):
+    """llama.cpp's jinja: an undefined value + or ~ a string is that string (e.g.
+    firefunction-v2's `functions`, which no caller passes); anything else fails."""
+    __slots__ = ()
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else self._fail_with_undefined_error()
+
+
 def _environment() -> jinja2.Environment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
                                         extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

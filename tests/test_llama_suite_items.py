@@ -3,6 +3,7 @@ scripts/llama_server_suite.py) checks, one per test, with llama-server's answers
 source (tools/server/*.cpp) or the suite states them."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 
@@ -10,7 +11,7 @@ import httpx
 import pytest
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.models.chat_template import ChatTemplate
+from ggserve.models.chat_template import ChatTemplate, TemplateError
 from ggserve.server.app import ServerConfig, create_app
 from server_harness import RunningServer
 
@@ -144,3 +145,20 @@ def test_id_slot_pins_the_request_to_that_slot(server):
 def test_id_slot_beyond_the_slots_is_refused(server):
     r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "id_slot": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"
+
+
+def test_undefined_plus_string_is_the_string_as_llama_cpps_jinja():
+    # firefunction-v2 adds `functions` (never passed) to a string: llama.cpp's jinja treats it as ""
+    data = os.path.join(os.path.dirname(__file__), "data")
+    t = ChatTemplate(open(os.path.join(data, "templates", "fireworks-ai-llama-3-firefunction-v2.jinja"),
+                          encoding="utf-8").read(), bos_token="<|im_start|>")      # SmolLM2's BOS text
+    want = json.load(open(os.path.join(data, "llama_suite_items", "firefunction_v2_apply_template.json"),
+                          encoding="utf-8"))["prompt"]
+    got = t.render([{"role": "user", "content": "What is today?"}])
+    today = datetime.date.today().strftime("%b %d %Y")
+    assert got == want.replace("Today is Nov 25 2026.", f"Today is {today}.")
+
+
+def test_undefined_plus_a_number_is_still_an_error():
+    with pytest.raises(TemplateError, match="'x' is undefined"):
+        ChatTemplate("{{ x + 1 }}").render([])
