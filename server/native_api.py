@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Union
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -30,6 +30,7 @@ _RANDOM_SEED = 4294967295         # LLAMA_DEFAULT_SEED: "pick one at random"
 class NativeCompletionRequest(S._Sampling):
     prompt: Union[str, list[Any], dict[str, Any]]
     return_tokens: bool = False
+    n_cmpl: Optional[int] = Field(None, ge=1)     # llama-server's name for n
     post_sampling_probs: bool = False
     n_keep: int = 0
     n_indent: int = 0
@@ -164,21 +165,28 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     bad = req.refused()
     if bad:
         raise invalid(f"{bad} is not supported by this server", param=bad)
-    params = api.sampling(req, req.n_probs or 0, 1)
+    n = req.n_cmpl or req.n
+    api.check_n(n)
+    params = api.sampling(req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
     grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
-    params[0].grammar = grammar
-    return await api.service.submit([Prompt(p) for p in prompts], params * len(prompts), req.limit,
+    for p in params:
+        p.grammar = grammar
+    return await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
 
 
 async def answer(api: API, request: Request, req: NativeCompletionRequest,
                  prompts: list[list[int]]) -> Response:
-    """Run the prompts; answer in llama-server's native shape (a list for several prompts)."""
+    """Run the prompts, n_cmpl (n) times each; answer in llama-server's native shape (a list
+    for several answers, prompt by prompt, `index` running over all)."""
+    prompts = [p for p in prompts for _ in range(req.n_cmpl or req.n)]
     job = await submit(api, req, prompts)
     tok = api.engine.tokenizer
     k = req.n_probs or 0
     model = api.cfg.alias or api.cfg.model
-    settings = generation_settings(api, req, api.sampling(req, k, 1)[0])
+    n_cmpl = req.n_cmpl or req.n
+    choice_params = api.sampling(req, k, n_cmpl)
+    settings = [generation_settings(api, req, p) for p in choice_params]      # seeds differ
     n = len(prompts)
     texts: list[list[str]] = [[] for _ in range(n)]
 
@@ -187,7 +195,7 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
         kind, word = stop_type(job, i, finish)
         out = {"index": i, "content": content, "tokens": ids, "id_slot": 0, "stop": True,
                "model": model, "tokens_predicted": c.n_tokens, "tokens_evaluated": c.n_prompt or len(prompts[i]),
-               "generation_settings": settings, "prompt": tok.decode(prompts[i]),
+               "generation_settings": settings[i % n_cmpl], "prompt": tok.decode(prompts[i]),
                "has_new_line": "\n" in "".join(texts[i]), "truncated": False,
                "stop_type": kind, "stopping_word": word,
                "tokens_cached": (c.n_prompt or len(prompts[i])) + max(c.n_tokens - 1, 0),

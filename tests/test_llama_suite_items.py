@@ -162,3 +162,11 @@ def test_undefined_plus_string_is_the_string_as_llama_cpps_jinja():
 def test_undefined_plus_a_number_is_still_an_error():
     with pytest.raises(TemplateError, match="'x' is undefined"):
         ChatTemplate("{{ x + 1 }}").render([])
+
+
+def test_completion_n_runs_each_prompt_n_times_as_llama_server(server):
+    # llama-server's n_cmpl (alias n): prompt by prompt, child j seeded seed + j, index over all
+    got, want = replay(server, "native_n2")
+    assert [(a["index"], a["content"], a["generation_settings"]["seed"]) for a in got] \
+        == [(b["index"], b["content"], b["generation_settings"]["seed"]) for b in want]
+    assert [b["generation_settings"]["seed"] for b in want] == [42, 43, 42, 43]

@@ -29,6 +29,7 @@ CASES = {
     "sampled_to_eos": ("/completion", {"n_predict": -1, "prompt": "Hi how are you"}),
     "sampled_chat_n2": ("/v1/chat/completions", {"max_tokens": 16, "n": 2, "messages": CHAT}),
     "greedy_chat_n2": ("/v1/chat/completions", {"max_tokens": 8, "n": 2, "messages": CHAT, "temperature": 0}),
+    "native_n2": ("/completion", {"n_predict": 6, "n": 2, "prompt": ["Hi how are you", "The sky is"]}),
     "greedy_completion_n2": ("/v1/completions", {"max_tokens": 8, "n": 2, "prompt": "I believe the meaning of life is",
                                                  "temperature": 0}),
 }
