@@ -31,7 +31,7 @@ from . import anthropic_api, chat_page, native_api, responses_api
 from .api import API
 from .embeddings_api import embeddings_native, embeddings_oai
 from .errors import APIError, exception_handlers, to_api_error
-from .generation_api import apply_template, chat, completions
+from .generation_api import apply_template, chat, chat_input_tokens, completions
 from .infill import infill
 from .media import MediaConfig
 from .metrics import Metrics
@@ -158,6 +158,8 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/completion", "/completions"), functools.partial(native_api.completion, api), ["POST"], "completion"),
         (("/infill",), functools.partial(infill, api), ["POST"], "infill"),
         (("/apply-template",), functools.partial(apply_template, api), ["POST"], "apply_template"),
+        (("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"),
+         functools.partial(chat_input_tokens, api), ["POST"], "chat_input_tokens"),
         (("/tokenize",), api.tokenize, ["POST"], "tokenize"),
         (("/v1/embeddings",), functools.partial(embeddings_oai, api), ["POST"], "embeddings"),
         (("/embeddings", "/embedding"), functools.partial(embeddings_native, api), ["POST"], "embeddings"),

@@ -98,12 +98,21 @@ async def request_prompt(api: API, req: S.ChatCompletionRequest) -> Prompt:
     return await chat_prompt(api, req, opts)
 
 
-async def apply_template(api: API, request: Request) -> Response:
-    """llama-server's /apply-template: a chat request's prompt text, not run."""
+async def _unrun_prompt(api: API, request: Request) -> Prompt:
     body = await api.json_body(request)
     check_messages(body, api.engine.n_ctx)      # before validating a 100,000-message body
-    req = S.ChatCompletionRequest.model_validate(body)
-    return JSONResponse({"prompt": (await request_prompt(api, req)).text})
+    return await request_prompt(api, S.ChatCompletionRequest.model_validate(body))
+
+
+async def apply_template(api: API, request: Request) -> Response:
+    """llama-server's /apply-template: a chat request's prompt text, not run."""
+    return JSONResponse({"prompt": (await _unrun_prompt(api, request)).text})
+
+
+async def chat_input_tokens(api: API, request: Request) -> Response:
+    """llama-server's /chat/completions/input_tokens: a chat request's prompt tokens, counted."""
+    return JSONResponse({"input_tokens": len((await _unrun_prompt(api, request)).tokens),
+                         "object": "response.input_tokens"})
 
 
 async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:

@@ -170,3 +170,12 @@ def test_completion_n_runs_each_prompt_n_times_as_llama_server(server):
     assert [(a["index"], a["content"], a["generation_settings"]["seed"]) for a in got] \
         == [(b["index"], b["content"], b["generation_settings"]["seed"]) for b in want]
     assert [b["generation_settings"]["seed"] for b in want] == [42, 43, 42, 43]
+
+
+def test_chat_input_tokens_counts_the_rendered_prompt(server):
+    # llama-server's /chat/completions/input_tokens: {"input_tokens", "object": "response.input_tokens"}
+    chat = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]}
+    r = post(server, "/chat/completions/input_tokens", chat)
+    assert r.json() == {"input_tokens": REF["greedy_chat_n2"]["response"]["usage"]["prompt_tokens"],
+                        "object": "response.input_tokens"}
+    assert post(server, "/v1/chat/completions/input_tokens", chat).json() == r.json()
