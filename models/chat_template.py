@@ -196,14 +196,19 @@ class ChatTemplate:
         message = dict(message)
         content = message.get("content")
         if isinstance(content, (list, tuple)):
-            parts = []
+            parts, joined, after_image = [], "", False
             for part in content:
                 if isinstance(part, str):
                     part = {"type": "text", "text": part}
                 if part.get("type") in _IMAGE_PART_TYPES:
                     part = {"type": "text", "text": image_marker}
+                    joined, after_image = joined + image_marker, True
+                elif part.get("type") == "text":
+                    # llama.cpp's concat_content_parts: texts joined by a newline, none beside an image
+                    joined += ("\n" if joined and not after_image else "") + part.get("text", "")
+                    after_image = False
                 parts.append(part)
-            message["content"] = parts if self.supports_typed_content else _content_text(parts)
+            message["content"] = parts if self.supports_typed_content else joined
         return message
 
 
@@ -224,10 +229,3 @@ def _ministral3_blocks(message: dict) -> dict:
     out["content"] = blocks
     return out
 
-
-def _content_text(content) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if p.get("type") == "text")

@@ -179,3 +179,12 @@ def test_chat_input_tokens_counts_the_rendered_prompt(server):
     assert r.json() == {"input_tokens": REF["greedy_chat_n2"]["response"]["usage"]["prompt_tokens"],
                         "object": "response.input_tokens"}
     assert post(server, "/v1/chat/completions/input_tokens", chat).json() == r.json()
+
+
+def test_text_parts_join_with_a_newline_for_a_string_only_template(server):
+    # llama-server 11434, SmolLM2's own template (content as a string): concat_content_parts joins
+    # text parts with "\n" (recorded: POST /apply-template, this body)
+    r = post(server, "/apply-template", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert r.json() == {"prompt": "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                                  "Hugging Face<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"}
