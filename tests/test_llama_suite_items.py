@@ -116,7 +116,6 @@ def test_post_sampling_probs_of_a_greedy_pick_is_one_candidate(server):
     assert _probs(got) == _probs(want) == [(599, 1.0, [(599, 1.0)]), (_probs(want)[1][0], 1.0, [(_probs(want)[1][0], 1.0)])]
 
 
-@pytest.mark.slow
 def test_sampled_answer_repeats_llama_servers_with_its_seed(server):
     # llama.cpp's RNG (std::mt19937, uniform_real_distribution): --seed 42 draws the same tokens
     got, want = replay(server, "sampled_to_eos")
