@@ -1,6 +1,6 @@
 """How long a long prompt pauses the streams already decoding, ggserve against llama-server.
 
-    python bench/stall.py --llama-server PATH [--streams 4] [--prompt-words 1100]
+    python bench/stall.py --llama-server PATH [--streams 3] [--prompt-words 1100]
                           [--rounds 2] [--variant NAME=ARGS ...] [-t 2]
 
 Starts llama-server and one ggserve per --variant (default: one, "ggserve", no extra
@@ -91,8 +91,9 @@ def parse_args(argv=None):
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                     help="a ggserve to run with these extra arguments (repeatable; "
                          "default: ggserve= with none)")
-    ap.add_argument("--streams", type=int, default=4, help="streams decoding when the prompt arrives")
-    ap.add_argument("--max-tokens", type=int, default=200, help="tokens per stream")
+    ap.add_argument("--streams", type=int, default=3,
+                    help="streams decoding when the prompt arrives (default 3: with both servers' 4 slots, one is free for it)")
+    ap.add_argument("--max-tokens", type=int, default=300, help="tokens per stream")
     ap.add_argument("--prompt-words", type=int, default=1100, help="words of the long prompt (~1,500 tokens)")
     ap.add_argument("--lead", type=float, default=1.0, help="seconds of decoding before the prompt arrives")
     ap.add_argument("--rounds", type=int, default=2)
