@@ -263,7 +263,7 @@ def test_logit_bias_list_form_and_n_predict(server):
 
 
 @pytest.mark.parametrize("field,value", [("mirostat", 2), ("samplers", ["top_k"]), ("dry_multiplier", 0.8),
-                                         ("xtc_probability", 0.5), ("id_slot", 1)])
+                                         ("xtc_probability", 0.5)])
 def test_llama_cpp_fields_not_done_here_are_refused(server, field, value):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "hi"}], field: value})

@@ -138,10 +138,12 @@ class FakeRequest:
     params: object
     max_tokens: int
     ignore_eos: bool = False
+    id_slot: int = -1
 
 
 class FakeTokenizer:
     n_vocab, bos_id, eos_id = 258, 256, 257
+    eog_ids = frozenset({257})
 
     def encode(self, text, add_special=True, parse_special=False):
         return ([self.bos_id] if add_special else []) + list(text.encode())
@@ -370,7 +372,7 @@ def test_fake_disconnect_frees_kv(fake):
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
     (json.dumps({"messages": []}).encode(), 400, None),
-    (json.dumps({"id_slot": 2, **chat_body()}).encode(), 400, None),
+    (json.dumps({"id_slot": 4, **chat_body()}).encode(), 400, None),     # 4 slots: 0..3, or -1
     (json.dumps(chat_body(n=5)).encode(), 400, None),
     (json.dumps({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]}).encode(), 400, None),
