@@ -19,7 +19,9 @@ from starlette.responses import JSONResponse, Response
 from .api import API
 from .errors import APIError, invalid
 from .pooling import normalize
+from .prompts import Prompt
 from .request_errors import ContextLengthExceeded
+from .sampling import SamplingParams
 
 
 async def embeddings_oai(api: API, request: Request) -> Response:
@@ -56,7 +58,7 @@ async def _embeddings(api: API, request: Request, oai: bool) -> Response:
                       "dimensions and cannot be shortened", param="dimensions")
     prompts = tokenize_inputs(engine.tokenizer, raw)
     try:
-        vectors = await api.service.embed(prompts)
+        vectors = await embed(api.service, prompts)
     except ContextLengthExceeded as e:
         raise invalid(str(e), param="input", code=e.code)
     if engine.pooling != "none":
@@ -121,3 +123,33 @@ def _content_text(content) -> str:
         if kind != "text" or not isinstance(p.get("text", ""), str):
             raise invalid("unsupported content[].type", param="input")
     return "".join(p.get("text", "") for p in content)
+
+
+async def embed(service, prompts: list[list[int]]) -> list:
+    """One embedding request per prompt, batched by the engine with all other work:
+    each prompt's pooled final hidden states (server/pooling.py Pool.result), in order."""
+    out = []
+    # a long list of inputs goes in groups that leave room in the queue for others
+    group = service.n_parallel + service.max_queue // 2
+    for i in range(0, len(prompts), group):
+        part = prompts[i:i + group]
+        # (sampling parameters go unused by an embedding, but every request has them)
+        out += await _vectors(await service.submit([Prompt(p) for p in part], [SamplingParams()] * len(part),
+                                                   None, embed=True))
+    return out
+
+
+async def _vectors(job) -> list:
+    """The embedding of each of a job's choices, in order."""
+    out = [None] * len(job.choices)
+    try:
+        for _ in job.choices:
+            item = await job.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            index, ev = item
+            job.choices[index].engine_done = True
+            out[index] = ev.embedding
+    finally:
+        job.close()
+    return out

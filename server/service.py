@@ -206,33 +206,6 @@ class Service:
         self.metrics.prompt_tokens.inc(sum(len(p.tokens) for p in prompts))
         return job
 
-    async def embed(self, prompts: list[list[int]]) -> list:
-        """One embedding request per prompt, batched by the engine with all other work:
-        each prompt's pooled final hidden states (server/pooling.py Pool.result), in order."""
-        out = []
-        # a long list of inputs goes in groups that leave room in the queue for others
-        group = self.n_parallel + self.max_queue // 2
-        for i in range(0, len(prompts), group):
-            out += await self._embed(prompts[i:i + group])
-        return out
-
-    async def _embed(self, prompts: list[list[int]]) -> list:
-        from .sampling import SamplingParams      # (unused by an embedding, but every request has them)
-
-        job = await self.submit([Prompt(p) for p in prompts], [SamplingParams()] * len(prompts), None, embed=True)
-        out = [None] * len(prompts)
-        try:
-            for _ in prompts:
-                item = await job.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                index, ev = item
-                job.choices[index].engine_done = True
-                out[index] = ev.embedding
-        finally:
-            job.close()
-        return out
-
     async def on_engine(self, fn: Callable[[Any], Any]) -> Any:
         """Run fn(engine) on the engine thread between two steps (slot files, the
         slots listing); its result, or what it raised."""
