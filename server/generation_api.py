@@ -98,10 +98,14 @@ async def request_prompt(api: API, req: S.ChatCompletionRequest) -> Prompt:
     return await chat_prompt(api, req, opts)
 
 
-async def _unrun_prompt(api: API, request: Request) -> Prompt:
+async def chat_request(api: API, request: Request) -> S.ChatCompletionRequest:
     body = await api.json_body(request)
     check_messages(body, api.engine.n_ctx)      # before validating a 100,000-message body
-    return await request_prompt(api, S.ChatCompletionRequest.model_validate(body))
+    return S.ChatCompletionRequest.model_validate(body)
+
+
+async def _unrun_prompt(api: API, request: Request) -> Prompt:
+    return await request_prompt(api, await chat_request(api, request))
 
 
 async def apply_template(api: API, request: Request) -> Response:
@@ -137,9 +141,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
 
 
 async def chat(api: API, request: Request) -> Response:
-    body = await api.json_body(request)
-    check_messages(body, api.engine.n_ctx)      # before validating a 100,000-message body
-    req = S.ChatCompletionRequest.model_validate(body)
+    req = await chat_request(api, request)
     job = await submit_chat(api, req)
     k = req.top_logprobs or 0
     rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
