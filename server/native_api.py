@@ -56,6 +56,10 @@ class NativeCompletionRequest(S._Sampling):
         n = self.n_predict if self.n_predict is not None else self.max_tokens
         return None if n is None or n < 0 else n       # llama-server's -1: until EOS or context end
 
+    @property
+    def n_choices(self) -> int:
+        return self.n_cmpl or self.n
+
     def refused(self) -> Optional[str]:
         if self.n_indent:
             return "n_indent"
@@ -160,32 +164,33 @@ def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
     return ("eos", "") if finish else ("none", "")
 
 
-async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]]) -> Job:
+async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]]) -> tuple[Job, list]:
+    """The job, and the sampling parameters of a prompt's n_choices answers."""
     api.check_fields(req)
     bad = req.refused()
     if bad:
         raise invalid(f"{bad} is not supported by this server", param=bad)
-    n = req.n_cmpl or req.n
+    n = req.n_choices
     api.check_n(n)
     params = api.sampling(req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
     grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
     for p in params:
         p.grammar = grammar
-    return await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
-                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
+    job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
+                                   ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
+    return job, params
 
 
 async def answer(api: API, request: Request, req: NativeCompletionRequest,
                  prompts: list[list[int]]) -> Response:
     """Run the prompts, n_cmpl (n) times each; answer in llama-server's native shape (a list
     for several answers, prompt by prompt, `index` running over all)."""
-    prompts = [p for p in prompts for _ in range(req.n_cmpl or req.n)]
-    job = await submit(api, req, prompts)
+    n_cmpl = req.n_choices
+    prompts = [p for p in prompts for _ in range(n_cmpl)]
+    job, choice_params = await submit(api, req, prompts)
     tok = api.engine.tokenizer
     k = req.n_probs or 0
     model = api.cfg.alias or api.cfg.model
-    n_cmpl = req.n_cmpl or req.n
-    choice_params = api.sampling(req, k, n_cmpl)
     settings = [generation_settings(api, req, p) for p in choice_params]      # seeds differ
     n = len(prompts)
     texts: list[list[str]] = [[] for _ in range(n)]
