@@ -23,6 +23,13 @@ from .service import Service
 # Reachable without the API key, as in llama-server.
 _PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}
 DEFAULT_MAX_BODY = 64 * 2**20    # --max-body-mb
+# Route names (server/app.py) that clients poll. They answer without the model, so they never
+# wake a sleeping server (server/sleep.py), and ggserve_requests_total leaves them out.
+_POLLS = {"health", "models", "metrics", "openapi"}
+
+
+def is_poll(name: str, method: str) -> bool:
+    return name in _POLLS or (name == "props" and method == "GET")
 
 
 class API:
@@ -31,6 +38,7 @@ class API:
         self.service = service
         self.metrics = metrics
         self.media = cfg.media
+        self.sleeper = None           # server/sleep.py Sleeper, with --sleep-idle-seconds
 
     # -- helpers ------------------------------------------------------------------
 
@@ -46,8 +54,8 @@ class API:
     def model_id(self) -> str:
         if self.aliases():
             return self.aliases()[0]      # llama-server: the first of its sorted set of -a aliases
-        if self.service.ready:
-            return self.service.engine.model_name
+        if self.service.model_name:
+            return self.service.model_name
         return os.path.splitext(os.path.basename(self.cfg.model))[0]
 
     def aliases(self) -> list[str]:
@@ -140,7 +148,7 @@ class API:
     async def health(self, request: Request) -> Response:
         if self.service.lost is not None:
             raise APIError(503, self.service.lost, code="worker_lost")
-        if self.service.ready:
+        if self.service.ready or (self.sleeper is not None and self.sleeper.sleeping):
             return JSONResponse({"status": "ok"})
         if self.service.load_error is not None:
             raise APIError(500, f"Model failed to load: {self.service.load_error}")

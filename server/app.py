@@ -5,7 +5,8 @@ Routes (all listed at /openapi.json, server/openapi.py): /v1/chat/completions,
 /completion, /completions (llama-server's native shape: server/native_api.py), /infill
 (server/infill.py),
 /v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
-/v1/embeddings, /embeddings, /embedding (server/embeddings_api.py),
+/v1/embeddings, /embeddings, /embedding (server/embeddings_api.py), /rerank and its
+aliases (server/rerank_api.py),
 /v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), /slots
 (server/slots_api.py), and the
 same without /v1 where llama-server has them, /props and the chat page at /
@@ -27,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import anthropic_api, chat_page, native_api, responses_api
-from .api import API
+from . import anthropic_api, chat_page, gcp_api, native_api, responses_api
+from .api import API, is_poll
 from .embeddings_api import embeddings_native, embeddings_oai
 from .errors import APIError, exception_handlers, to_api_error
 from .generation_api import apply_template, chat, chat_input_tokens, completions
@@ -36,7 +37,9 @@ from .infill import infill
 from .media import MediaConfig
 from .metrics import Metrics
 from .openapi import openapi
+from .rerank_api import rerank
 from .service import Service
+from .sleep import Sleeper
 from .slots_api import SlotsAPI
 
 log = logging.getLogger("ggserve.server")
@@ -86,6 +89,7 @@ class ServerConfig:
     tags: tuple[str, ...] = ()                # --tags: shown in /v1/models
     n_predict: int = -1                       # -n: a request's default token limit (-1: none)
     timeout: float = 600.0                    # -to/--timeout: a stream's client may stall this long
+    sleep_idle_seconds: float = -1            # free the model after this long idle (-1: never; server/sleep.py)
 
 
 def load_engine(cfg: ServerConfig):
@@ -131,20 +135,33 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
                       **({"make_prompts": make_prompts} if make_prompts else {}))
     service.default_max_tokens = cfg.n_predict
     api = API(cfg, service, metrics)
+    if cfg.sleep_idle_seconds > 0:
+        from .props_api import props
+        api.sleeper = Sleeper(service, cfg.sleep_idle_seconds, lambda: props(api))
+    sleeper = api.sleeper
 
     def route(path, fn, methods, name, errors=None):
         """errors: APIError -> Response, for APIs with their own error shape (Anthropic's)."""
         async def endpoint(request: Request) -> Response:
+            poll = is_poll(name, request.method)
             try:
                 if service.draining:
                     raise APIError(503, "Server is shutting down", code="shutting_down",
                                    headers={"Retry-After": "5"})
                 api.check_auth(request)
-                response = await fn(request)
+                if sleeper is None or poll:
+                    response = await fn(request)
+                else:
+                    await sleeper.enter()
+                    try:
+                        response = await fn(request)
+                    finally:
+                        sleeper.leave()
             except Exception as e:
                 err = to_api_error(e)
                 response = errors(err) if errors else err.response()
-            metrics.requests.labels(name, str(response.status_code)).inc()
+            if not poll:
+                metrics.requests.labels(name, str(response.status_code)).inc()
             return response
         return Route(path, endpoint, methods=methods, name=f"{name}:{path}")
 
@@ -163,6 +180,8 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         (("/tokenize",), api.tokenize, ["POST"], "tokenize"),
         (("/v1/embeddings",), functools.partial(embeddings_oai, api), ["POST"], "embeddings"),
         (("/embeddings", "/embedding"), functools.partial(embeddings_native, api), ["POST"], "embeddings"),
+        (("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"), functools.partial(rerank, api), ["POST"],
+         "rerank"),
         (("/detokenize",), api.detokenize, ["POST"], "detokenize"),
         (("/openapi.json",), openapi, ["GET"], "openapi"),
     ]:
@@ -173,13 +192,18 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     routes += responses_api.routes(api, route)       # /v1/responses
     routes += anthropic_api.routes(api, route)       # /v1/messages
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
+    routes += gcp_api.routes(routes, route, api.health)      # /predict, with AIP_MODE=PREDICTION
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await service.start()
+        if sleeper is not None:
+            sleeper.start()
         try:
             yield
         finally:
+            if sleeper is not None:
+                await sleeper.stop()
             await service.close()
 
     middleware = []

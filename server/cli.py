@@ -13,8 +13,8 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import (add_llama_flags, check_llama_flags, llama_argv, reasoning_kwargs,
-                                        sampling_defaults, tags)
+from ggserve.server.llama_flags import (add_llama_flags, check_llama_flags, llama_flag_settings, llama_argv,
+                                        reasoning_kwargs, sampling_defaults, tags)
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
@@ -162,7 +162,7 @@ def serve_parser() -> argparse.ArgumentParser:
           help="serve /v1/embeddings, /embeddings and /embedding (batched with generation, which stays on)")
     _flag(p, "--pooling", env="LLAMA_ARG_POOLING", choices=["none", "mean", "cls", "last", "rank"],
           help="pooling of the final hidden states for embeddings (default: the model's "
-               "<arch>.pooling_type, else none); rank (reranking) is not served")
+               "<arch>.pooling_type, else none); rank serves /rerank (see --reranking)")
     _flag(p, "--embd-normalize", env="LLAMA_ARG_EMBD_NORMALIZE", type=int, default=2, metavar="N",
           dest="embd_normalize",
           help="embeddings' default normalization (-1 none, 0 max absolute int16, 1 taxicab, "
@@ -233,19 +233,6 @@ def _spec_flags(p) -> None:
           metavar="N", dest="simple_n", help="ngram-simple: length of the n-gram looked up")
     _flag(p, "--spec-ngram-simple-size-m", env="LLAMA_ARG_SPEC_NGRAM_SIMPLE_SIZE_M", type=int, default=48,
           metavar="N", dest="simple_m", help="ngram-simple: most tokens drafted after it")
-
-
-def _spec_config(args):
-    kind = args.spec_type or ("draft-simple" if args.model_draft else "ngram")
-    if args.model_draft and not os.path.exists(args.model_draft):
-        raise SystemExit(f"ggserve serve: draft model file not found: {args.model_draft}")
-    try:
-        return SpecConfig(type=kind, n_max=args.draft_max, n_min=args.draft_min, p_min=args.draft_p_min,
-                          simple_n=args.simple_n, simple_m=args.simple_m,
-                          model_draft=args.model_draft if kind == "draft-simple" else None,
-                          n_gpu_layers_draft=args.gpu_layers_draft)
-    except ValueError as e:
-        raise SystemExit(f"ggserve serve: speculative decoding: {e}")
 
 
 def config_from_args(args):
@@ -319,8 +306,8 @@ def config_from_args(args):
         webui=not args.no_webui, chat_template=args.chat_template,
         reasoning_format=args.reasoning_format, reasoning_budget=args.reasoning_budget,
         chat_template_kwargs=kwargs,
-        embeddings=bool(args.embeddings), pooling=args.pooling, embd_normalize=args.embd_normalize,
-        spec=_spec_config(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict, tags=tags(args), verbose=bool(args.verbose),
+        **llama_flag_settings(args), embd_normalize=args.embd_normalize,
+        spec=SpecConfig.from_args(args), sampling_defaults=sampling_defaults(args), n_predict=args.n_predict, tags=tags(args), verbose=bool(args.verbose),
         max_body_bytes=int(args.max_body_mb * 2**20), timeout=args.timeout,
         media=MediaConfig(
             max_bytes=args.image_max_bytes, max_pixels=args.image_max_pixels,
@@ -347,10 +334,12 @@ def serve(argv: list[str]) -> int:
             print("ggserve serve: --rpc without -ngl: no layer goes to the workers (-ngl 99: all of them)",
                   file=sys.stderr)
 
+    from . import gcp_api
     from .app import create_app
     from .shutdown import run
 
     app = create_app(cfg)
+    args.port = gcp_api.port(args.port)       # AIP_HTTP_PORT, in Vertex AI's prediction mode
     print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
           f"(model loads in the background; GET /health says when ready)", flush=True)
     if cfg.webui:

@@ -89,10 +89,9 @@ class Engine:
         self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos)
         # embeddings (--embeddings): the pooling, the GGUF's unless given (server/pooling.py)
         self.pooling = (pooling or from_gguf(lm.gguf.metadata)) if embeddings else None
-        if self.pooling == "rank":
-            raise ValueError("pooling rank (--pooling rank, or the model's own) is for reranking models "
-                             "(llama-server's --reranking), which ggserve does not serve; "
-                             "use --pooling none, mean, cls or last")
+        if self.pooling == "rank" and any(n.startswith("cls") for n in lm.gguf.tensors):
+            raise ValueError("this model has a classification head (cls.* tensors), which ggserve's "
+                             "reranking does not apply: it scores causal models by their last hidden state")
         self.runner.reserve(n_batch, n_parallel, embeddings=embeddings)
         if self.vision is not None:
             self.vision.reserve()

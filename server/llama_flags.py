@@ -16,8 +16,7 @@ _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed 
 _ON, _OFF, _AUTO = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"), ("auto", "-1")
 
 # llama-server flags for what ggserve does not do: refused by name (not "unrecognized arguments")
-_REFUSED = {"--reranking": (0, "reranking (--pooling rank) is not served"), "--rerank": (0, "reranking is not served"),
-            "--sleep-idle-seconds": (1, "the model stays loaded"), "--media-path": (1, "file:// media are not read"),
+_REFUSED = {"--media-path": (1, "file:// media are not read"),
             "--lora": (1, "LoRA adapters are not supported"), "--tools": (1, "built-in tools are not served"),
             "--ui-mcp-proxy": (0, "the CORS proxy is not served"), "--models-dir": (1, "router mode is not served"),
             "--models-preset": (1, "router mode is not served"), "--mcp-servers-config": (1, "MCP servers are not served"),
@@ -34,6 +33,12 @@ def add_llama_flags(p) -> None:
     for flag, (n, why) in _REFUSED.items():
         p.add_argument(flag, nargs=n, action=_Refuse, help=argparse.SUPPRESS,
                        dest=f"_refused{flag.replace('-', '_')}")
+    p.add_argument("--reranking", "--rerank", action="store_true",
+                   help="serve /rerank (also /reranking, /v1/rerank, /v1/reranking): --embeddings with "
+                        "--pooling rank, as llama-server")
+    p.add_argument("--sleep-idle-seconds", type=int, default=-1, metavar="SECONDS",
+                   help="free the model after this many seconds without requests; the next request "
+                        "that needs it loads it again (default: -1, never)")
     p.add_argument("-rea", "--reasoning", type=str.lower, choices=_ON + _OFF + _AUTO, default="auto",
                    metavar="on|off|auto", help="thinking: on/off sets the template's enable_thinking for "
                    "every request (a request's chat_template_kwargs win); auto: as the template does")
@@ -80,6 +85,8 @@ def check_llama_flags(args) -> None:
         raise SystemExit("ggserve serve: --temp must be >= 0")
     if args.seed is not None and args.seed < -1:
         raise SystemExit("ggserve serve: --seed must be >= 0, or -1 (random)")
+    if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
+        raise SystemExit("ggserve serve: --sleep-idle-seconds must be >= 1, or -1 (never sleep)")
     if args.n_predict < -1:
         raise SystemExit("ggserve serve: --n-predict must be >= 0, or -1 (until the context)")
 
@@ -93,6 +100,14 @@ def reasoning_kwargs(args) -> dict:
     if args.reasoning in _ON:
         return {"enable_thinking": True}
     return {"enable_thinking": False} if args.reasoning in _OFF else {}
+
+
+def llama_flag_settings(args) -> dict:
+    """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
+    (llama-server's common/arg.cpp)."""
+    return {"embeddings": bool(args.embeddings or args.reranking),
+            "pooling": "rank" if args.reranking else args.pooling,
+            "sleep_idle_seconds": args.sleep_idle_seconds}
 
 
 def sampling_defaults(args) -> dict:

@@ -19,7 +19,7 @@ class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "ggserve_requests", "HTTP requests by endpoint and status",
+            "ggserve_requests", "HTTP requests by endpoint and status (polls left out: health, models, metrics)",
             ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter(
             "ggserve_prompt_tokens", "Prompt tokens received", registry=r)
@@ -67,6 +67,7 @@ class Metrics:
         self.n_tokens_max = 0         # longest prompt + generation seen (less the last token)
         self._lengths: dict[str, int] = {}      # request id -> prompt + tokens so far
         self._window = (0.0, 0.0, 0.0, 0.0)     # throughput gauges average since the last scrape
+        self._frozen: bytes | None = None
 
     def on_step(self, seconds: float, events) -> None:
         self.step_seconds.observe(seconds)
@@ -95,7 +96,12 @@ class Metrics:
         self.spec_rate.set(stats.get("spec_accepted_tokens", 0) / drafted if drafted else 0.0)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry) + self.render_llamacpp().encode()
+        return (self._frozen or generate_latest(self.registry)) + self.render_llamacpp().encode()
+
+    def freeze(self, on: bool) -> None:
+        """While the server sleeps (server/sleep.py), /metrics answers the ggserve_* series as
+        they were when it fell asleep (as llama-server): its own scrapes do not count."""
+        self._frozen = generate_latest(self.registry) if on else None
 
     @staticmethod
     def _value(metric, suffix: str) -> float:

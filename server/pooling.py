@@ -1,6 +1,9 @@
 """Embeddings from a prompt's final hidden states (the output norm's result, the
 input of the LM head), as llama.cpp pools them.
 
+Reranking (pooling rank, llama-server's --reranking) pools as `last` on these causal
+models and scores with the pooled row's first element (rank_score).
+
 ref: llama.cpp src/llama-graph.cpp build_pooling, llm_graph_input_mean/cls::set_input;
 common/common.cpp common_embd_normalize. An embedding sequence is computed chunk by
 chunk like any prompt (attention stays causal, as llama-server keeps it for
@@ -25,8 +28,8 @@ class Pool:
     """The hidden rows one embedding sequence needs, gathered over its steps."""
 
     def __init__(self, kind: str, n_prompt: int):
-        if kind not in KINDS or kind == "rank":
-            raise ValueError(f"pooling {kind!r} is not supported for embeddings")
+        if kind not in KINDS:
+            raise ValueError(f"pooling {kind!r} is not supported")
         self.kind = kind
         self.n_prompt = n_prompt
         self._sum = None          # mean: float64 [n_embd]
@@ -39,7 +42,8 @@ class Pool:
             return np.arange(n, dtype=np.int32)
         if self.kind == "cls":
             return np.zeros(1 if start == 0 else 0, dtype=np.int32)
-        return np.full(1 if start + n == self.n_prompt else 0, n - 1, dtype=np.int32)     # last
+        # last, and rank: a causal reranker reads its last token (llm_graph_input_cls)
+        return np.full(1 if start + n == self.n_prompt else 0, n - 1, dtype=np.int32)
 
     def add(self, hidden: np.ndarray) -> None:
         """hidden: float32 [k, n_embd], the rows `rows()` named for one chunk."""
@@ -56,6 +60,13 @@ class Pool:
         if self.kind == "mean":
             return (self._sum / self.n_prompt).astype(np.float32)[None, :]
         return np.concatenate(self._rows)
+
+
+def rank_score(pooled: np.ndarray) -> float:
+    """A rerank score from a rank-pooled row: its first element, as llama-server's send_rerank
+    reads it (the models ggserve runs have no classification head, so the row is the output
+    norm's result at the last token)."""
+    return float(pooled.reshape(-1)[0])
 
 
 def normalize(v: np.ndarray, p: int) -> np.ndarray:

@@ -97,6 +97,8 @@ def props(api) -> dict:
 
 def routes(api, route) -> list:
     async def get(request: Request) -> Response:
+        if api.sleeper is not None and api.sleeper.sleeping:
+            return JSONResponse(api.sleeper.props)      # taken as the server fell asleep
         return JSONResponse(props(api))
 
     async def post(request: Request) -> Response:

@@ -58,6 +58,7 @@ class Service:
         self._make_request = make_request
         self._make_decoder = make_decoder
         self.ready = False
+        self.model_name: str | None = None    # the GGUF's name, kept while the engine sleeps
         self.load_error: BaseException | None = None
         self.lost: str | None = None          # why the engine stopped for good (an RPC worker lost)
         self.draining = False                 # shutting down: new requests get 503 (server/shutdown.py)
@@ -110,10 +111,23 @@ class Service:
         self._executor.shutdown(wait=True)
         self._prompt_executor.shutdown(wait=True)
 
+    async def unload(self) -> None:
+        """Free the engine (server/sleep.py); nothing may be queued or running. reload() loads it again."""
+        self.ready = False
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        engine, self.engine = self.engine, None
+        await asyncio.get_running_loop().run_in_executor(self._executor, engine.close)
+
+    async def reload(self) -> None:
+        self._task = asyncio.create_task(self._load_and_run(), name="ggserve-engine")
+        await self.wait_ready()
+
     async def _load_and_run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load_engine)
+            self.model_name = self.engine.model_name
             self._remote = getattr(self.engine, "remote", False)
             if self._remote:               # a lost worker is watched for from now on (_engine_call)
                 self.engine.survive_worker_loss()

@@ -27,6 +27,7 @@ where the sequence is), so speculation is off for them.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,20 @@ class SpecConfig:
     simple_m: int = 48       # ngram-simple: draft m-gram (--spec-ngram-simple-size-m)
     model_draft: str | None = None
     n_gpu_layers_draft: int = 0
+
+    @classmethod
+    def from_args(cls, args) -> "SpecConfig":
+        """From `ggserve serve`'s flags (server/cli.py _spec_flags); a bad value exits naming it."""
+        kind = args.spec_type or ("draft-simple" if args.model_draft else "ngram")
+        if args.model_draft and not os.path.exists(args.model_draft):
+            raise SystemExit(f"ggserve serve: draft model file not found: {args.model_draft}")
+        try:
+            return cls(type=kind, n_max=args.draft_max, n_min=args.draft_min, p_min=args.draft_p_min,
+                       simple_n=args.simple_n, simple_m=args.simple_m,
+                       model_draft=args.model_draft if kind == "draft-simple" else None,
+                       n_gpu_layers_draft=args.gpu_layers_draft)
+        except ValueError as e:
+            raise SystemExit(f"ggserve serve: speculative decoding: {e}")
 
     def __post_init__(self):
         if self.type not in TYPES:

@@ -229,8 +229,8 @@ def test_reasoning_flag_sets_enable_thinking(smollm2_path, value, kwargs):
     assert cfg.chat_template_kwargs == kwargs
 
 
-@pytest.mark.parametrize("argv,name", [(["--reranking"], "--reranking"), (["--media-path", "x"], "--media-path"),
-                                       (["--sleep-idle-seconds", "5"], "--sleep-idle-seconds")])
+@pytest.mark.parametrize("argv,name", [(["--lora", "x.gguf"], "--lora"), (["--media-path", "x"], "--media-path"),
+                                       (["--models-dir", "m"], "--models-dir")])
 def test_unsupported_llama_flags_are_refused_by_name(argv, name, capsys):
     with pytest.raises(SystemExit):
         serve_parser().parse_args(argv)

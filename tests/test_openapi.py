@@ -16,9 +16,10 @@ from synth_golden import SYNTH
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     # the synthetic Qwen3 has FIM tokens (/infill) and a chat template; every optional
-    # endpoint is switched on so that each documented one can answer
+    # endpoint is switched on so that each documented one can answer (pooling rank: reranking, and
+    # embeddings of the last token)
     cfg = ServerConfig(model=str(SYNTH / "models" / "synth-qwen3-q8_0.gguf"), n_ctx=2048, n_parallel=2,
-                       n_threads=2, embeddings=True, pooling="mean", metrics=True, props_endpoint=True,
+                       n_threads=2, embeddings=True, pooling="rank", metrics=True, props_endpoint=True,
                        slot_save_path=str(tmp_path_factory.mktemp("slots")))
     with RunningServer(create_app(cfg)) as s:
         yield s

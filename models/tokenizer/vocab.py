@@ -119,7 +119,8 @@ class Vocab:
                     value = int(v) if 0 <= int(v) < n else value
                     break
             setattr(self, name, value)
-        for flag, key in (("add_bos", "add_bos_token"), ("add_eos", "add_eos_token")):
+        self.add_sep = False       # only reranking prompts read it (llama.cpp: true for BERT-like vocabs)
+        for flag, key in (("add_bos", "add_bos_token"), ("add_eos", "add_eos_token"), ("add_sep", "add_sep_token")):
             v = get(key)
             if v is not None:
                 setattr(self, flag, bool(v))
