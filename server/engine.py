@@ -37,7 +37,7 @@ from ggserve.server.request_checks import check_request
 from ggserve.server.request_errors import ContextLengthExceeded  # noqa: F401  (re-exported)
 from ggserve.server.sampling import SamplingParams, sample_batch
 from ggserve.server.scheduler import Scheduler, StepPlan
-from ggserve.server.sequence import Request, Sequence, TokenEvent
+from ggserve.server.sequence import Request, Sequence, TokenEvent, progress_event
 from ggserve.server.speculative import SpecConfig, Speculator
 
 __all__ = ["Engine", "Request", "TokenEvent", "ContextLengthExceeded", "SamplingParams"]
@@ -185,6 +185,7 @@ class Engine:
         for c in plan.chunks:
             c.seq.n_computed += c.n          # a drafted chunk takes back its rejected rows (_verify)
         self.scheduler.observe(batch.n, self.runner.last_compute_seconds)
+        events += [progress_event(c.seq) for c in plan.chunks if c.seq.request.progress and c.start < c.seq.n_prompt]
         events += self._sample(batch.out_chunks, logits, cells_of)
         events += self._pool(batch, self.runner.last_hidden)
         self.last_step_seconds = time.perf_counter() - t0
@@ -194,6 +195,8 @@ class Engine:
         events = []
         for seq in self.scheduler.admit():
             self.slots.assign(seq)
+            if seq.request.progress:
+                events.append(progress_event(seq))
             if seq.request.max_tokens == 0 and not seq.request.embed:
                 events.append(self._end(seq, None, "length"))
         return events

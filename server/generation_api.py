@@ -137,6 +137,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
     return await api.service.submit([prompt] * req.n, params, req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop,
                                     output=opts.output(prompt.text), id_slot=req.id_slot,
+                                    progress=req.stream and req.return_progress,
                                     show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
 
 
@@ -191,6 +192,9 @@ async def chat(api: API, request: Request) -> Response:
                                {"role": "assistant", "content": None},   # as llama-server (OpenAI: "" or null)
                                with_usage=usage_on)
         async for i, d in job:
+            if d.progress:
+                yield {**S.chat_chunk(rid, model, created, i, {"role": "assistant", "content": None},
+                                      with_usage=usage_on), "prompt_progress": d.progress}
             if d.reasoning:
                 yield S.chat_chunk(rid, model, created, i, {"reasoning_content": d.reasoning},
                                    with_usage=usage_on)

@@ -24,6 +24,8 @@ class Delta:
     finish_reason: str | None = None
     reasoning: str = ""
     tool_calls: list[dict] = field(default_factory=list)
+    # return_progress: llama-server's prompt_progress {total, cache, processed, time_ms}
+    progress: dict | None = None
 
 
 class Choice:
@@ -43,6 +45,7 @@ class Choice:
         self.n_cached = 0
         self.n_draft = self.n_draft_accepted = 0     # speculative decoding: drafted, accepted tokens
         self.eog_token: int | None = None     # the end-of-generation token that ended it (not in the text)
+        self.t_progress: float | None = None
         self.t_first: float | None = None
         self.t_last: float | None = None
         self._text_len = 0      # characters decoded so far
@@ -51,6 +54,11 @@ class Choice:
 
     def feed(self, ev) -> Delta:
         self.n_prompt, self.n_cached = ev.n_prompt, ev.n_cached
+        if ev.progress is not None:     # time_ms: since the first report, when the prompt started (llama-server)
+            now = time.perf_counter()
+            self.t_progress = self.t_progress or now
+            return Delta(progress={"total": ev.n_prompt, "cache": ev.n_cached, "processed": ev.progress,
+                                   "time_ms": int((now - self.t_progress) * 1000)})
         self.n_draft, self.n_draft_accepted = ev.n_draft, ev.n_draft_accepted
         out = ""
         if ev.token is not None:
@@ -128,7 +136,8 @@ class Job:
                 self._open -= 1
                 if not choice.engine_done:
                     self._cancel(choice.request_id)
-            if delta.text or delta.logprobs or delta.finish_reason or delta.reasoning or delta.tool_calls:
+            if (delta.text or delta.logprobs or delta.finish_reason or delta.reasoning or delta.tool_calls
+                    or delta.progress):
                 yield index, delta
 
     def close(self) -> None:

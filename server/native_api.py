@@ -36,7 +36,6 @@ class NativeCompletionRequest(S._Sampling):
     n_indent: int = 0
     t_max_predict_ms: int = 0
     timings_per_token: bool = False
-    return_progress: bool = False
     min_keep: int = 0
     response_fields: Optional[list[str]] = None
     # /infill's own fields (server/infill.py)
@@ -177,7 +176,8 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     for p in params:
         p.grammar = grammar
     job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
-                                   ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
+                                   ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
+                                   progress=req.stream and req.return_progress)
     return job, params
 
 
@@ -235,6 +235,9 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
         async for i, d in job:
             texts[i].append(d.text)
             c = job.choices[i]
+            if d.progress:
+                yield {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1,
+                       "tokens_predicted": 0, "tokens_evaluated": c.n_prompt, "prompt_progress": d.progress}
             if d.text or d.logprobs:
                 chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
                          "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,

@@ -63,6 +63,7 @@ class _Sampling(_Model):
     ignore_eos: bool = False
     user: Optional[str] = None
     stream: bool = False
+    return_progress: bool = False       # llama-server's: a stream reports prompt processing (prompt_progress)
     stream_options: Optional[StreamOptions] = None
 
     @field_validator("max_tokens")

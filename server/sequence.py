@@ -26,6 +26,7 @@ class Request:
     # pooled final hidden states instead of sampling (max_tokens and params unused)
     embed: bool = False
     id_slot: int = -1          # llama-server's id_slot: the slot it takes when that one is free
+    progress: bool = False     # report prompt processing as it goes (llama-server's return_progress)
 
 
 @dataclass
@@ -42,6 +43,12 @@ class TokenEvent:
     # speculative decoding: the request's drafted tokens so far, and how many were accepted
     n_draft: int = 0
     n_draft_accepted: int = 0
+    progress: int | None = None   # a progress report (no token): prompt tokens in the KV cache so far
+
+
+def progress_event(seq: "Sequence") -> TokenEvent:
+    """Where a return_progress request's prompt stands: as it starts, then after each step with its tokens."""
+    return TokenEvent(seq.id, None, None, [], None, seq.n_prompt, seq.n_cached, progress=seq.n_computed)
 
 
 class Sequence:

@@ -167,12 +167,13 @@ class Service:
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
                      output: Callable[[], Any] | None = None, show_tokens=frozenset(),
-                     embed: bool = False, id_slot: int = -1) -> Job:
+                     embed: bool = False, id_slot: int = -1, progress: bool = False) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad request,
         queue full). output() makes each choice's ChatOutput (reasoning and tool
         calls); show_tokens: control tokens whose text the output keeps (their markers);
-        id_slot: the slot the first prompt takes when it is free (llama-server's children take any)."""
+        id_slot: the slot the first prompt takes when it is free (llama-server's children take any);
+        progress: report prompt processing (Delta.progress)."""
         self._check_usable()
         if max_tokens is None and not embed:
             max_tokens = self.default_max_tokens          # -n (-1: until the context)
@@ -203,6 +204,8 @@ class Service:
                 extra["positions"] = p.positions
             if embed:
                 extra["embed"] = True
+            if progress:
+                extra["progress"] = True
             if id_slot >= 0 and not requests:
                 extra["id_slot"] = id_slot
             requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens),

@@ -93,6 +93,31 @@ def test_stream_frames_equal_llama_server(smol):
         assert_same_answer(g, w)
 
 
+def progress(frames: list) -> list:
+    """(total, cache, processed) of each prompt_progress frame (time_ms depends on the machine)."""
+    return [(p["total"], p["cache"], p["processed"])
+            for p in (f.get("prompt_progress") for f in frames if isinstance(f, dict)) if p]
+
+
+def test_return_progress_reports_as_llama_server(smollm2_path):
+    """As the prompt starts (its cached part) and after each batch of it, before the first token:
+    the same reports as llama-server's, the second chat reusing the first's prompt. (A server of its
+    own: ggserve's prompt cache would find more of the chat's prompt in the module's earlier requests
+    than llama-server's single slot kept.)"""
+    cfg = ServerConfig(model=smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2, n_batch=2048)
+    with RunningServer(create_app(cfg)) as srv:
+        answers = {name: sse_events(post(srv, case("smollm2", name)))
+                   for name in ("stream_progress", "chat_stream_progress", "chat_stream_progress_cached")}
+    for name, got in answers.items():
+        c = case("smollm2", name)
+        assert progress(got) == progress(c["answer"])
+        first_text = next(i for i, f in enumerate(got) if isinstance(f, dict) and not f.get("prompt_progress")
+                          and (f.get("content") or (f.get("choices") and f["choices"][0]["delta"].get("content"))))
+        assert all(not f.get("prompt_progress") for f in got[first_text:] if isinstance(f, dict))
+        if name == "stream_progress":
+            assert_same_answer({**got[0], "tokens": [0]}, c["answer"][0])   # llama-server's [0]: no token
+
+
 def test_missing_prompt_is_a_400(smol):
     c = case("smollm2", "no_prompt")
     r = post(smol, c)

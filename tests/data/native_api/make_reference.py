@@ -32,6 +32,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 SYNTH = HERE.parents[3] / "shared" / "golden" / "synth" / "models"
 CHAT = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
 
+PROGRESS_CHAT = {"messages": [{"role": "user", "content": "This is a test" * 10}], "max_tokens": 2,
+                 "temperature": 0, "stream": True, "return_progress": True}
 CASES = {
     "smollm2": [
         ("text", "/completion", {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0,
@@ -54,6 +56,12 @@ CASES = {
                                                             {"role": "assistant", "content": "Hello!"},
                                                             {"role": "user", "content": "2+2?"}]}),
         ("infill_no_fim", "/infill", {"input_prefix": "def f():\n", "input_suffix": "\n", "n_predict": 2}),
+        # return_progress: prompt_progress frames, as the prompt starts and after each batch (then the same
+        # chat again: its prompt cached)
+        ("stream_progress", "/completion", {"prompt": "This is a test" * 10, "n_predict": 2, "temperature": 0,
+                                            "stream": True, "return_progress": True}),
+        ("chat_stream_progress", "/v1/chat/completions", PROGRESS_CHAT),
+        ("chat_stream_progress_cached", "/v1/chat/completions", PROGRESS_CHAT),
     ],
     "qwen3": [
         ("infill", "/infill", {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))\n",
@@ -85,7 +93,8 @@ def free_port() -> int:
 
 
 def frames(text: str) -> list:
-    return [json.loads(b[len("data: "):]) for b in text.split("\n\n") if b.strip()]
+    return [b[len("data: "):] if b.startswith("data: [DONE]") else json.loads(b[len("data: "):])
+            for b in text.split("\n\n") if b.strip()]
 
 
 CTX = {"smollm2": 2048, "qwen3": 4096}
