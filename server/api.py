@@ -170,8 +170,11 @@ class API:
         if not self.cfg.metrics:
             raise APIError(501, "This server does not support metrics endpoint; "
                                 "start it with --metrics")
-        return Response(self.metrics.render(), media_type=self.metrics.content_type,
-                        headers={"Process-Start-Time-Unix": str(self.metrics.t_start)})   # as llama-server
+        response = Response(self.metrics.render(), media_type=self.metrics.content_type)
+        # as llama-server, with its capitals (starlette's headers= would lower them; clients that
+        # read headers into a plain dict look for this spelling)
+        response.raw_headers.append((b"Process-Start-Time-Unix", str(self.metrics.t_start).encode()))
+        return response
 
     async def tokenize(self, request: Request) -> Response:
         req = S.TokenizeRequest.model_validate(await self.json_body(request))

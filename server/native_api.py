@@ -236,12 +236,17 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
             texts[i].append(d.text)
             c = job.choices[i]
             if d.progress:
-                yield {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1,
-                       "tokens_predicted": 0, "tokens_evaluated": c.n_prompt, "prompt_progress": d.progress}
+                chunk = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1,
+                         "tokens_predicted": 0, "tokens_evaluated": c.n_prompt, "prompt_progress": d.progress}
+                if req.timings_per_token:
+                    chunk["timings"] = progress_timings(job.choice_timings(i), d.progress)
+                yield chunk
             if d.text or d.logprobs:
                 chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
                          "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
                          "tokens_evaluated": c.n_prompt or len(prompts[i])}
+                if req.timings_per_token:
+                    chunk["timings"] = job.choice_timings(i)
                 if k:
                     chunk["completion_probabilities"] = probs(api, d.logprobs, k, req.post_sampling_probs)
                 yield chunk
@@ -294,3 +299,11 @@ async def completion(api: API, request: Request) -> Response:
     tok = api.engine.tokenizer
     prompts = [tokenize_mixed(tok, p) for p in split_prompts(req.prompt)]
     return await answer(api, request, req, prompts)
+
+
+def progress_timings(timings: dict, progress: dict) -> dict:
+    """timings_per_token's `timings` of a prompt_progress frame: the prompt so far (processed
+    less cached tokens, and the time since the prompt started), nothing generated yet."""
+    n, ms = progress["processed"] - progress["cache"], float(progress["time_ms"])
+    return {**timings, "prompt_n": n, "prompt_ms": ms, "prompt_per_token_ms": ms / n if n else 0.0,
+            "prompt_per_second": n * 1000 / ms if ms else 0.0}

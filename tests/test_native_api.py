@@ -118,6 +118,22 @@ def test_return_progress_reports_as_llama_server(smollm2_path):
             assert_same_answer({**got[0], "tokens": [0]}, c["answer"][0])   # llama-server's [0]: no token
 
 
+def test_timings_per_token_on_every_frame(smol):
+    """timings_per_token: each frame carries `timings`; a progress frame's count the prompt so far,
+    from nothing before its first batch, never going back."""
+    body = {"prompt": "the quick brown fox jumps over the lazy dog " * 8, "n_predict": 3, "stream": True,
+            "timings_per_token": True, "return_progress": True}
+    frames = sse_events(httpx.post(smol.url + "/completion", json=body, timeout=120))
+    assert all("timings" in f for f in frames)
+    reports = [f for f in frames if "prompt_progress" in f]
+    assert reports[0]["timings"]["prompt_n"] == 0 and reports[0]["timings"]["prompt_ms"] == 0.0
+    assert reports[-1]["timings"]["prompt_n"] == reports[-1]["prompt_progress"]["processed"] - \
+        reports[-1]["prompt_progress"]["cache"]
+    ms = [f["timings"]["prompt_ms"] for f in reports]
+    assert ms == sorted(ms) and all(v >= 0 for f in frames for v in f["timings"].values())
+    assert frames[-1]["timings"]["predicted_n"] == 3
+
+
 def test_missing_prompt_is_a_400(smol):
     c = case("smollm2", "no_prompt")
     r = post(smol, c)
@@ -267,6 +283,7 @@ def test_llamacpp_metrics_equal_llama_server(smollm2_path):
         r = httpx.get(srv.url + "/metrics")
         text = r.text
     assert abs(int(r.headers["Process-Start-Time-Unix"]) - time.time()) < 600
+    assert b"Process-Start-Time-Unix" in [k for k, _ in r.headers.raw]   # llama-server's capitals
     got = metric_lines(text)
     assert "ggserve_generated_tokens_total 8.0" in text          # ours stay beside them
     assert set(got) == set(want)
