@@ -10,7 +10,7 @@ aliases (server/rerank_api.py),
 /v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), /slots
 (server/slots_api.py), and the
 same without /v1 where llama-server has them, /props and the chat page at /
-(server/chat_page.py).
+(server/chat_page.py), /v1/stream and /v1/streams/lookup (server/stream_resume.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import anthropic_api, chat_page, gcp_api, native_api, responses_api
+from . import anthropic_api, chat_page, gcp_api, native_api, responses_api, stream_resume
 from .api import API, is_poll
 from .embeddings_api import embeddings_native, embeddings_oai
 from .errors import APIError, exception_handlers, to_api_error
@@ -40,6 +40,7 @@ from .openapi import openapi
 from .rerank_api import rerank
 from .service import Service
 from .sleep import Sleeper
+from .stream_resume import StreamResume, StreamSessions
 from .slots_api import SlotsAPI
 
 log = logging.getLogger("ggserve.server")
@@ -192,6 +193,8 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     routes += responses_api.routes(api, route)       # /v1/responses
     routes += anthropic_api.routes(api, route)       # /v1/messages
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
+    sessions = StreamSessions()                               # streams kept under X-Conversation-Id
+    routes += stream_resume.routes(sessions, route)           # /v1/stream, /v1/streams/lookup
     routes += gcp_api.routes(routes, route, api.health)      # /predict, with AIP_MODE=PREDICTION
 
     @contextlib.asynccontextmanager
@@ -209,6 +212,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     middleware = []
     if cfg.cors_origins:
         middleware.append(Middleware(CORS, origins=cfg.cors_origins))     # server/cors.py: as llama-server
+    middleware.append(Middleware(StreamResume, sessions=sessions))       # server/stream_resume.py
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers=exception_handlers)
     app.state.service = service

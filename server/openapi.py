@@ -64,6 +64,7 @@ _SCHEMAS = {
                              tokens_predicted=_INT, tokens_evaluated=_INT, tokens_cached=_INT,
                              generation_settings=OBJ, timings=OBJ, prompt=_STR, truncated=_BOOL,
                              completion_probabilities=_ANY_LIST),
+    "StreamsLookupRequest": _obj(["conversation_ids"], conversation_ids={"type": "array", "items": _STR}),
     "RerankRequest": _obj(["query"], query=_STR, documents={"type": "array", "items": _STR},
                           texts={"type": "array", "items": _STR}, top_n=_INT, return_text=_BOOL, model=_STR),
     "Embeddings": _obj(["object", "data"], object={"const": "list"}, data=_ANY_LIST, usage=OBJ),
@@ -80,7 +81,7 @@ _MODELS = {"ChatCompletionRequest": S.ChatCompletionRequest, "CompletionRequest"
            "NativeCompletionRequest": NativeCompletionRequest, "TokenizeRequest": S.TokenizeRequest,
            "DetokenizeRequest": S.DetokenizeRequest}
 
-# (paths, method, summary, request schema, example body, answer: (media type, schema), statuses
+# (paths, method, summary, request schema, example body, answer: (media type, schema) or None (204), statuses
 # it may answer besides 200, params: [(name, in, example)], error schema)
 _OPS = [
     (("/health", "/v1/health"), "get", "Ready (200) or loading (503)", None, None,
@@ -149,6 +150,13 @@ _OPS = [
     (("/webui/chat.js",), "get", "The chat page's script", None, None, ("text/javascript", _STR), (), [],
      "Error"),
     (("/webui/chat.css",), "get", "The chat page's style sheet", None, None, ("text/css", _STR), (), [], "Error"),
+    (("/v1/stream",), "get", "A stream kept under X-Conversation-Id, replayed from byte `from`, then followed "
+     "until it ends", None, None, ("text/event-stream", _STR), (400, 404),
+     [("conv_id", "query", "conv-1"), ("from", "query", 0)], "Error"),
+    (("/v1/stream",), "delete", "Stop a kept stream: its generation is cancelled (204)", None, None, None, (400,),
+     [("conv_id", "query", "conv-1")], "Error"),
+    (("/v1/streams/lookup",), "post", "The kept streams of these conversation ids", "StreamsLookupRequest",
+     {"conversation_ids": ["conv-1"]}, ("application/json", _ANY_LIST), (400,), [], "Error"),
     (("/openapi.json",), "get", "This document", None, None, ("application/json", OBJ), (), [], "Error"),
 ]
 
@@ -163,10 +171,11 @@ def document() -> dict:
     _, defs = models_json_schema([(m, "validation") for m in _MODELS.values()], ref_template=_REF)
     schemas = {**defs.get("$defs", {}), **_SCHEMAS}
     paths: dict[str, dict] = {}
-    for names, method, summary, body, example, (media, answer), statuses, params, err in _OPS:
+    for names, method, summary, body, example, answer, statuses, params, err in _OPS:
         for path in names:
-            op: dict = {"operationId": _op_id(method, path), "summary": summary,
-                        "responses": {"200": {"description": "OK", "content": {media: {"schema": answer}}}}}
+            ok = ({"204": {"description": "No Content"}} if answer is None else
+                  {"200": {"description": "OK", "content": {answer[0]: {"schema": answer[1]}}}})
+            op: dict = {"operationId": _op_id(method, path), "summary": summary, "responses": ok}
             for status in statuses:
                 op["responses"][str(status)] = {"$ref": f"#/components/responses/{err}{status}"}
             op["responses"]["default"] = {"$ref": f"#/components/responses/{err}400"}

@@ -58,6 +58,10 @@ def _request(srv, path, method, op):
             path = path.replace("{" + p["name"] + "}", str(value))
         else:
             params[p["name"]] = p["example"]
+            if p["name"] == "conv_id":     # a stream kept under that id: made by a streamed chat
+                httpx.post(srv.url + "/v1/chat/completions", headers={"X-Conversation-Id": p["example"]},
+                           json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True},
+                           timeout=120)
     body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
     kw = {"json": body["example"]} if "example" in body else {}
     return httpx.request(method.upper(), srv.url + path, params=params, timeout=120, **kw)
@@ -68,6 +72,9 @@ def test_every_documented_operation_answers_its_example(srv, doc):
     for path, method, op in operations(doc):
         r = _request(srv, path, method, op)
         assert r.status_code < 400, (method, path, r.status_code, r.text[:300])
+        if "200" not in op["responses"]:
+            assert r.status_code == 204
+            continue
         content = op["responses"]["200"]["content"]
         media = next(iter(content))
         assert r.headers["content-type"].startswith(media), (path, r.headers["content-type"])
