@@ -192,23 +192,27 @@ async def chat(api: API, request: Request) -> Response:
                                {"role": "assistant", "content": None},   # as llama-server (OpenAI: "" or null)
                                with_usage=usage_on)
         async for i, d in job:
+            step = []
             if d.progress:
-                yield {**S.chat_chunk(rid, model, created, i, {"role": "assistant", "content": None},
-                                      with_usage=usage_on), "prompt_progress": d.progress}
+                step.append({**S.chat_chunk(rid, model, created, i, {"role": "assistant", "content": None},
+                                            with_usage=usage_on), "prompt_progress": d.progress})
             if d.reasoning:
-                yield S.chat_chunk(rid, model, created, i, {"reasoning_content": d.reasoning},
-                                   with_usage=usage_on)
+                step.append(S.chat_chunk(rid, model, created, i, {"reasoning_content": d.reasoning},
+                                         with_usage=usage_on))
             if d.text or (req.logprobs and d.logprobs):
-                yield S.chat_chunk(rid, model, created, i,
-                                   {"content": d.text} if d.text else {},
-                                   logprobs=lp_entries(d.logprobs) if req.logprobs else None,
-                                   with_usage=usage_on)
+                step.append(S.chat_chunk(rid, model, created, i, {"content": d.text} if d.text else {},
+                                         logprobs=lp_entries(d.logprobs) if req.logprobs else None,
+                                         with_usage=usage_on))
             if d.tool_calls:
-                yield S.chat_chunk(rid, model, created, i, {"tool_calls": d.tool_calls},
-                                   with_usage=usage_on)
+                step.append(S.chat_chunk(rid, model, created, i, {"tool_calls": d.tool_calls},
+                                         with_usage=usage_on))
             if d.finish_reason:
-                yield S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
-                                   with_usage=usage_on)
+                step.append(S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
+                                         with_usage=usage_on))
+            if step and req.timings_per_token:          # llama-server's: on the step's last chunk
+                step[-1]["timings"] = job.timings
+            for chunk in step:
+                yield chunk
         if usage_on:
             yield {**S.usage_chunk(rid, model, created, "chat.completion.chunk", S.usage(
                 job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings}   # as llama-server

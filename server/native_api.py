@@ -35,7 +35,6 @@ class NativeCompletionRequest(S._Sampling):
     n_keep: int = 0
     n_indent: int = 0
     t_max_predict_ms: int = 0
-    timings_per_token: bool = False
     min_keep: int = 0
     response_fields: Optional[list[str]] = None
     # /infill's own fields (server/infill.py)

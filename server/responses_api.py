@@ -207,7 +207,7 @@ async def create(api: API, store: ResponseStore, request: Request) -> Response:
     job = await submit_chat(api, req)
     turn = Turn(api, store, body, conversation)
     if req.stream:
-        return sse(job, events(turn, job), framer=named_frame, end="")
+        return sse(job, events(turn, job, timed=req.timings_per_token), framer=named_frame, end="")
     a = await collect(request, job)
     return JSONResponse(turn.finish(output_items(a), a))
 

@@ -113,30 +113,38 @@ class _Output:
         return out
 
 
-async def events(turn: Turn, job: Job):
+async def events(turn: Turn, job: Job, timed: bool = False):
+    """The stream's events. llama-server's telemetry on top of OpenAI's: prompt_progress reports
+    (return_progress) as response.in_progress events, `timings` on the last event of each
+    step's output (timings_per_token: timed) and on the final event."""
     out = _Output()
     yield out.ev("response.created", response=turn.response())
     yield out.ev("response.in_progress", response=turn.response())
     a = Answer()
     try:
         async for _, d in job:
+            if d.progress:
+                yield out.ev("response.in_progress", response=turn.response(), prompt_progress=d.progress)
+            step: list[dict] = []
             if d.reasoning:
                 a.reasoning += d.reasoning
-                for e in out.reasoning(d.reasoning):
-                    yield e
+                step += out.reasoning(d.reasoning)
             if d.text:
                 a.content += d.text
-                for e in out.content(d.text):
-                    yield e
+                step += out.content(d.text)
             for call in d.tool_calls:
-                for e in out.call(call):
-                    yield e
+                step += out.call(call)
             if d.finish_reason:
                 a.finish = d.finish_reason
+            if step and timed:
+                step[-1]["timings"] = job.timings
+            for e in step:
+                yield e
         for e in out.close():
             yield e
         r = turn.finish(out.items, finished(job, a))
-        yield out.ev("response.completed" if r["status"] == "completed" else "response.incomplete", response=r)
+        yield {**out.ev("response.completed" if r["status"] == "completed" else "response.incomplete", response=r),
+               "timings": job.timings}
     except asyncio.CancelledError:
         raise
     except Exception as exc:

@@ -64,6 +64,7 @@ class _Sampling(_Model):
     user: Optional[str] = None
     stream: bool = False
     return_progress: bool = False       # llama-server's: a stream reports prompt processing (prompt_progress)
+    timings_per_token: bool = False     # llama-server's: every streamed frame carries `timings`
     stream_options: Optional[StreamOptions] = None
 
     @field_validator("max_tokens")

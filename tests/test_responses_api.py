@@ -72,6 +72,22 @@ def test_stream_sends_openai_events_in_order(client):
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
 
 
+def test_llama_server_telemetry_in_the_stream(server):
+    """llama-server's return_progress and timings_per_token: prompt reports as response.in_progress
+    events (a 256-token batch: one report before, one after the ~330-token prompt's two batches),
+    timings on the text deltas and on the final event; the events OpenAI's SDK reads stay as they were."""
+    body = {"input": "This is a test " * 80, "max_output_tokens": 4, "stream": True, "temperature": 0,
+            "return_progress": True, "timings_per_token": True}
+    text = httpx.post(server.url + "/v1/responses", json=body, timeout=120).text
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert all(e["type"] == "response.in_progress" for e in events if "prompt_progress" in e)
+    assert [p["processed"] for p in progress] == [0, 256, progress[0]["total"]]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in e["timings"] for e in deltas)
+    assert events[-1]["type"] in ("response.completed", "response.incomplete") and "timings" in events[-1]
+
+
 def test_stream_helper_gives_the_final_response(client):
     # the helper wants response.completed: an answer that ends before max_output_tokens
     kw = dict(model="x", input="What is 2+2?", max_output_tokens=32, temperature=0)

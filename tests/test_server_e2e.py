@@ -464,3 +464,18 @@ def test_ggserve_serve_cli(model_path):
     assert proc.returncode in (0, -15), out    # uvicorn re-raises SIGTERM after a clean shutdown
     assert "Application shutdown complete" in out
     assert "memory" in out and "loaded" in out      # progress and the memory report
+
+
+def test_chat_stream_telemetry_as_llama_server(server):
+    """llama-server's return_progress and timings_per_token in a chat stream: prompt reports in
+    chunks whose delta is the assistant role, `timings` on each token's chunk."""
+    body = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 4, "stream": True,
+            "temperature": 0, "return_progress": True, "timings_per_token": True}
+    chunks = [c for c in sse_events(httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120))
+              if isinstance(c, dict)]
+    reports = [c for c in chunks if "prompt_progress" in c]
+    assert reports[0]["prompt_progress"]["processed"] == reports[0]["prompt_progress"]["cache"]
+    assert reports[-1]["prompt_progress"]["processed"] == reports[-1]["prompt_progress"]["total"]
+    assert all(c["choices"][0]["delta"] == {"role": "assistant", "content": None} for c in reports)
+    tokens = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert tokens and all("predicted_per_second" in c["timings"] for c in tokens)
