@@ -209,9 +209,9 @@ async def chat(api: API, request: Request) -> Response:
             if d.finish_reason:
                 step.append(S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
                                          with_usage=usage_on))
-            if step and req.timings_per_token:          # llama-server's: on the step's last chunk
-                step[-1]["timings"] = job.timings
             for chunk in step:
+                if req.timings_per_token:
+                    chunk["timings"] = job.timings
                 yield chunk
         if usage_on:
             yield {**S.usage_chunk(rid, model, created, "chat.completion.chunk", S.usage(
