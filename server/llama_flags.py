@@ -2,7 +2,7 @@
 
 Taken: --temp, -s/--seed and -n/--n-predict (every request's default, as llama-server's sampling defaults),
 --no-ui (= --no-webui). Accepted with no effect, each for the reason in its help: --offline,
---no-jinja, -cb/--cont-batching, -ub/--ubatch-size, -fa/--flash-attn, --swa-full.
+--no-jinja, -cb/--cont-batching, -ub/--ubatch-size, -fa/--flash-attn, --swa-full, --[no-]cache-idle-slots.
 --host may list several addresses (`127.0.0.1,::1`), as llama-server 11434; see bind_sockets.
 """
 from __future__ import annotations
@@ -27,6 +27,13 @@ _REFUSED = {"--media-path": (1, "file:// media are not read"),
 class _Refuse(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} is not supported: {_REFUSED[option_string][1]}")
+
+
+class _Accepted(argparse.Action):
+    """A llama-server flag that changes nothing here (its help says why)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        pass
 
 
 def add_llama_flags(p) -> None:
@@ -66,6 +73,9 @@ def add_llama_flags(p) -> None:
     p.add_argument("-bs", "--backend-sampling", action="store_true",
                    help="accepted for llama-server compatibility: sampling always runs on the CPU, "
                         "which llama.cpp's backend sampling matches")
+    p.add_argument("--cache-idle-slots", "--no-cache-idle-slots", nargs=0, action=_Accepted,
+                   help="accepted for llama-server compatibility: an idle slot's prompt goes to the host-RAM "
+                        "cache when a running sequence needs its KV cells (with --cache-ram), never before")
     p.add_argument("--swa-full", action="store_true",
                    help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
 

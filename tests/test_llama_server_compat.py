@@ -28,6 +28,14 @@ def test_suite_argv_parses_into_request_defaults(smollm2_path):
     assert cfg.webui is False and cfg.slots_endpoint is False
 
 
+@pytest.mark.parametrize("flag", ["--cache-idle-slots", "--no-cache-idle-slots"])
+def test_flags_that_change_nothing_here_are_accepted(smollm2_path, flag):
+    # llama-server's --[no-]cache-idle-slots: ggserve moves an idle slot's prompt to host RAM only when
+    # its cells are needed, so there is nothing to switch (the help says so)
+    cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path, flag]))
+    assert cfg == config_from_args(serve_parser().parse_args(["-m", smollm2_path]))
+
+
 def test_seed_minus_one_is_random_and_no_ui_default_keeps_webui(smollm2_path):
     cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path, "--seed", "-1"]))
     assert cfg.sampling_defaults == {} and cfg.n_predict == -1 and cfg.webui is True
