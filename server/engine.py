@@ -184,11 +184,11 @@ class Engine:
         cells_of = {id(c): cells[first[i]:first[i + 1]] for i, c in enumerate(plan.chunks) if c.draft}
         for c in plan.chunks:
             c.seq.n_computed += c.n          # a drafted chunk takes back its rejected rows (_verify)
-        self.scheduler.observe(batch.n, self.runner.last_compute_seconds)
         events += [progress_event(c.seq) for c in plan.chunks if c.seq.request.progress and c.start < c.seq.n_prompt]
         events += self._sample(batch.out_chunks, logits, cells_of)
         events += self._pool(batch, self.runner.last_hidden)
         self.last_step_seconds = time.perf_counter() - t0
+        self.scheduler.observe(batch.n, self.runner.last_compute_seconds, self.last_step_seconds)
         return events
 
     def _admit(self) -> list[TokenEvent]:

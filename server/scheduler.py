@@ -3,7 +3,12 @@
 Like vLLM's v1 scheduler there are no prefill or decode phases: each sequence has
 tokens computed and tokens pending, and a step hands out a token budget. Running
 decodes go first (one token each) so streams never stall behind a long prompt;
-prompt chunks fill what is left of the budget, oldest first. While streams are
+prompt chunks fill what is left of the budget. When several prompts wait, the
+step takes the shortest first, and only as many as make their times to first token
+smallest in sum under the measured cost of a step (StepCost: a fixed part and a
+part per row): where rows dominate (a CPU) prompts that arrive together are
+computed one after the other, the first answered after its own prompt instead of
+after all of them; where the fixed part dominates (a GPU) they share one step. While streams are
 decoding, the engine may cap the rows of a step (`max_rows`) so that a prompt
 arriving mid-stream costs each stream a short pause per step instead of one long
 one (on a CPU a full 512-token step takes seconds).
@@ -29,6 +34,33 @@ MIN_PROMPT_ROWS = 64
 
 
 ROW_COST_MIN_ROWS = 64     # steps this big or bigger measure the compute cost of a row
+MAX_SKIPS = 8              # a prompt passed over this many steps running goes first (no starvation)
+
+
+class StepCost:
+    """A step's wall time as fixed + per_row * rows, fitted by least squares over the
+    steps measured, the recent ones weighing most."""
+
+    DECAY = 0.95
+
+    def __init__(self):
+        self._sums = [0.0] * 5        # weight, rows, seconds, rows², rows·seconds
+
+    def observe(self, rows: int, seconds: float) -> None:
+        w, x, y, xx, xy = (v * self.DECAY for v in self._sums)
+        self._sums = [w + 1, x + rows, y + seconds, xx + rows * rows, xy + rows * seconds]
+
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per row), or None until steps of different sizes were seen."""
+        w, x, y, xx, xy = self._sums
+        if w < 2:
+            return None
+        mx, my = x / w, y / w
+        var = xx / w - mx * mx
+        if var < 16.0:                # rows too alike to tell the two parts apart
+            return None
+        per_row = (xy / w - mx * my) / var
+        return (max(my - per_row * mx, 0.0), per_row) if per_row > 0 else None
 
 
 @dataclass(frozen=True)
@@ -62,11 +94,14 @@ class Scheduler:
         # from the measured compute time per batch row
         self.max_stall = max(0.0, max_stall_s)
         self._row_seconds = 0.0
+        self.cost = StepCost()
+        self._skipped: dict[str, int] = {}     # prompt id -> steps it was passed over in a row
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def remove(self, seq_id: str) -> Sequence | None:
+        self._skipped.pop(seq_id, None)
         for s in self.running:
             if s.id == seq_id:
                 self.running.remove(s)
@@ -103,9 +138,10 @@ class Scheduler:
             return None
         return int(self.max_stall / self._row_seconds) if self._row_seconds else 0
 
-    def observe(self, n_rows: int, seconds: float) -> None:
-        """A step of n_rows computed in `seconds`: update the cost of a row (small
-        steps cost more per row, they would shrink the cap)."""
+    def observe(self, n_rows: int, seconds: float, step_seconds: float) -> None:
+        """A step of n_rows computed in `seconds` (step_seconds in all): update the cost
+        of a row (small steps cost more per row, they would shrink the cap) and of a step."""
+        self.cost.observe(n_rows, step_seconds)
         if n_rows >= ROW_COST_MIN_ROWS:
             per_row = seconds / n_rows
             self._row_seconds = per_row if not self._row_seconds else 0.8 * self._row_seconds + 0.2 * per_row
@@ -116,16 +152,18 @@ class Scheduler:
         of prompts that wait this step (another sequence is computing their prefix)."""
         budget = self.n_batch
         chunks = []
+        # drafts ride only on steps no prompt waits for: their rows would delay its first token
+        prompt_waits = any(s.prefilling and s.id not in hold for s in self.running)
         for s in self.running:
             if not s.prefilling and s.n_pending == 1 and budget > 0:
-                draft = s.draft[:budget - 1]       # a drafted token is one more row (speculative.py)
+                draft = () if prompt_waits else s.draft[:budget - 1]   # a drafted token is one more row
                 chunks.append(Chunk(s, s.n_computed, 1 + len(draft), True, draft))
                 budget -= 1 + len(draft)
         full = budget
         if chunks and max_rows is not None:
             budget = min(budget, max(MIN_PROMPT_ROWS, max_rows - len(chunks)))
-        for s in self.running:
-            if s.prefilling and budget > 0 and s.id not in hold:
+        for s in self._prompts_first(budget, sum(c.n for c in chunks), hold):
+            if budget > 0:
                 n = s.fit_chunk(s.n_computed, min(s.n_pending, budget))
                 over_cap = False
                 if n == 0 and budget < full:
@@ -139,6 +177,36 @@ class Scheduler:
                 budget = 0 if over_cap else budget - n
                 full -= n
         return chunks
+
+    def _prompts_first(self, budget: int, decode_rows: int, hold) -> list[Sequence]:
+        """The prompts this step computes, in order (see the module docstring): for each m,
+        the sum of the times to first token if this step takes the m shortest and each later
+        step one more; the m with the smallest sum. Running order while there is no cost fit."""
+        prompts = [s for s in self.running if s.prefilling and s.id not in hold]
+        fit = self.cost.fit()
+        if len(prompts) < 2 or fit is None:
+            return prompts
+        fixed, per_row = fit
+        starved = [s for s in prompts if self._skipped.get(s.id, 0) >= MAX_SKIPS]
+        rest = sorted((s for s in prompts if s not in starved), key=lambda s: s.n_pending)
+        order = starved + rest
+        sizes = [min(s.n_pending, budget) for s in order]
+        best, best_m, rows = float("inf"), 1, 0
+        for m in range(1, len(order) + 1):
+            rows += sizes[m - 1]
+            if m > 1 and rows > budget:
+                break
+            t = fixed + per_row * (decode_rows + rows)       # this step: the m first answered
+            total = m * t
+            for n in sizes[m:]:                               # then one more per step
+                t += fixed + per_row * (decode_rows + n)
+                total += t
+            if total < best:
+                best, best_m = total, m
+        chosen = order[:best_m]
+        for s in prompts:
+            self._skipped[s.id] = 0 if s in chosen else self._skipped.get(s.id, 0) + 1
+        return chosen
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

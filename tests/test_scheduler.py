@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggserve.server.scheduler import MIN_PROMPT_ROWS, Scheduler
+from ggserve.server.scheduler import MAX_SKIPS, MIN_PROMPT_ROWS, Scheduler
 from ggserve.server.sequence import Request, Sequence
 
 
@@ -85,3 +85,53 @@ def test_held_prompts_wait():
     sched = _scheduler(Sequence(Request("p", list(range(900)))), Sequence(Request("q", list(range(50)))))
     plan = sched.plan(frozenset({"p"}), tile_ready=lambda key: True, encoder_free=True)
     assert _rows(plan.chunks) == [("q", 50)] and plan.held == {"p"}
+
+
+def _measured(sched: Scheduler, fixed: float, per_row: float) -> Scheduler:
+    """Steps of 1 to 300 rows that took fixed + per_row * rows."""
+    for rows in (1, 4, 60, 300, 2, 120):
+        sched.observe(rows, per_row * rows, fixed + per_row * rows)
+    return sched
+
+
+def test_step_cost_is_fitted_from_measured_steps():
+    fixed, per_row = _measured(_scheduler(), 0.004, 0.002).cost.fit()
+    assert fixed == pytest.approx(0.004) and per_row == pytest.approx(0.002)
+
+
+def test_where_rows_cost_most_prompts_arriving_together_go_one_by_one_shortest_first():
+    # a CPU: the shortest prompt is answered after its own 40 rows, not after all 200
+    sched = _measured(_scheduler(Sequence(Request("a", list(range(100)))), Sequence(Request("b", list(range(40)))),
+                                 Sequence(Request("c", list(range(60)))), _decoding(0)), 0.002, 0.003)
+    assert _rows(sched.schedule()) == [("d0", 1), ("b", 40)]
+
+
+def test_where_a_step_costs_most_prompts_share_it():
+    # a GPU: rows are nearly free, every prompt waiting goes in one step
+    sched = _measured(_scheduler(Sequence(Request("a", list(range(100)))), Sequence(Request("b", list(range(40)))),
+                                 _decoding(0)), 0.010, 0.00001)
+    assert sorted(_rows(sched.schedule())) == [("a", 100), ("b", 40), ("d0", 1)]
+
+
+def test_a_long_prompt_passed_over_too_often_goes_first():
+    long = Sequence(Request("long", list(range(300))))
+    sched = _measured(_scheduler(long), 0.002, 0.003)
+    for i in range(MAX_SKIPS):
+        short = Sequence(Request(f"s{i}", list(range(20))))
+        sched.add(short)
+        sched.admit()
+        assert _rows(sched.schedule()) == [(f"s{i}", 20)]      # the new short one first ...
+        short.n_computed = 20
+        sched.remove(short.id)
+    sched.add(Sequence(Request("late", list(range(20)))))
+    sched.admit()
+    assert _rows(sched.schedule())[0] == ("long", 300)         # ... until the long one waited enough
+
+
+def test_drafts_wait_while_a_prompt_does():
+    stream = _decoding(0)
+    stream.draft = (7, 8, 9)
+    sched = _scheduler(Sequence(Request("p", list(range(50)))), stream)
+    assert _rows(sched.schedule()) == [("d0", 1), ("p", 50)]        # no draft rows before p's first token
+    sched.running[0].n_computed = 50
+    assert _rows(sched.schedule()) == [("d0", 4)]                   # then the draft is verified again
