@@ -13,8 +13,8 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import (add_llama_flags, check_llama_flags, llama_flag_settings, llama_argv,
-                                        reasoning_kwargs, sampling_defaults, tags)
+from ggserve.server.llama_flags import (FlagParser, add_llama_flags, check_llama_flags, llama_flag_settings,
+                                        llama_argv, reasoning_kwargs, sampling_defaults, tags)
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
@@ -59,7 +59,7 @@ def _flag(p, *names, env, **kw):
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="ggserve serve", allow_abbrev=False,
         description="Serve a GGUF model over an OpenAI-compatible HTTP API. "
                     "Every option can also be set by the environment variable named "

@@ -24,6 +24,27 @@ _REFUSED = {"--media-path": (1, "file:// media are not read"),
             "--grp-attn-w": (1, "self-extend is not supported")}
 
 
+class FlagParser(argparse.ArgumentParser):
+    """Flags read as llama.cpp reads them: a value never sticks to a short flag (`-cl` is a flag
+    of its own, not `-c l`; `-mmdev` not `-m mdev`), and a flag this server does not know is
+    refused by its own name."""
+
+    def _get_option_tuples(self, option_string):
+        if len(option_string) > 2 and option_string[0] in self.prefix_chars \
+                and option_string[1] not in self.prefix_chars:
+            return []
+        return super()._get_option_tuples(option_string)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extra = self.parse_known_args(args, namespace)
+        flags = [a for a in extra if a.startswith("-") and len(a) > 1]
+        if flags:
+            self.error(f"{flags[0].split('=')[0]} is not supported by ggserve serve (see --help)")
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return namespace
+
+
 class _Refuse(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} is not supported: {_REFUSED[option_string][1]}")

@@ -2,7 +2,9 @@
 (scripts/llama_server_suite.py) relies on."""
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 
 from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.cli import config_from_args, serve_parser
+from ggserve.server.llama_flags import llama_argv
 from server_harness import RunningServer
 
 # What tools/server/tests/utils.py (llama.cpp 11434) passes to every server it starts.
@@ -253,3 +256,18 @@ def test_cors_header_names_keep_llama_servers_capitals(smollm2_path):
     with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=256, n_parallel=1))) as s:
         h = dict(requests.options(s.url + "/completions", headers={"Origin": "x.fr", **PREFLIGHT}).headers)
         assert (h["Access-Control-Allow-Origin"], h["Access-Control-Allow-Credentials"]) == ("x.fr", "true")
+
+
+LLAMA_FLAGS = json.loads((pathlib.Path(__file__).parent / "data" / "llama_flags" / "llama_server_help.json").read_text())
+# flags that print and exit on llama-server too
+_INFO = {"-h", "--help", "--usage", "--version", "--license", "--completion-bash", "--list-devices", "--cache-list"}
+
+
+@pytest.mark.parametrize("flag,takes_value", [f for f in LLAMA_FLAGS["flags"] if f[0] not in _INFO])
+def test_every_llama_server_flag_works_or_is_refused_by_its_name(flag, takes_value, capsys):
+    """llama-server 11434's --help: each flag either parses, or the error names that flag (never
+    another one: `-cl` is not `-c l`, `-mmdev` not `-m mdev`)."""
+    try:
+        serve_parser().parse_args(llama_argv([flag] + (["1"] if takes_value else [])))
+    except SystemExit:
+        assert flag in capsys.readouterr().err.strip().splitlines()[-1]
