@@ -6,9 +6,11 @@ mask for a 150k vocabulary in well under a millisecond, and it takes GBNF as
 llama.cpp writes it, JSON schema and Lark. A request's grammar is compiled and
 checked against the vocabulary once, on the prompt thread, before any token is
 generated (an invalid one is a 400). Each sequence then gets its own matcher
-(server/sampling.py): the sampler applies its mask to the row, `accept` advances
-it and starts computing the next mask on a worker thread, so the mask is usually
-ready before the next step's forward pass ends.
+(server/sampling.py), used as llama.cpp's common_sampler_sample uses its grammar:
+a token is drawn from the row without the grammar, and only when the grammar
+refuses it is the row masked and the token drawn again. A mask is computed only
+for such a step; where masks were needed lately, `accept` starts the next one on
+a worker thread, so it is usually ready before the next step's forward pass ends.
 """
 from __future__ import annotations
 
@@ -96,14 +98,22 @@ class Grammar:
         return Constraint(self)
 
 
+# A mask starts computing in the background after a token while the share of recent
+# steps that needed one is above this (an exponential average, the newest step 1/5)
+PRECOMPUTE_ABOVE = 0.25
+
+
 class Constraint:
-    """One sequence's grammar state: the banned-token mask for the next step,
-    computed in the background after each accepted token."""
+    """One sequence's grammar state: whether it allows a token, and the banned-token
+    mask for a step whose first draw it refused (computed then, or in the background
+    ahead of the step when recent steps needed masks)."""
 
     def __init__(self, grammar: Grammar):
         from llguidance import LLMatcher
         self._m = LLMatcher(grammar.ll_tokenizer, grammar.source, log_level=0)
         self._n_vocab = grammar.ll_tokenizer.vocab_size
+        self._needed = 1.0            # the first token is often refused (an answer that must open with "{")
+        self._needed_now = False
         self._next = _POOL.submit(self._banned)
 
     def _banned(self) -> np.ndarray | None:
@@ -112,14 +122,31 @@ class Constraint:
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[:self._n_vocab] == 0    # [n_vocab] bool
 
+    def allows(self, token: int) -> bool:
+        """Would the grammar take this token now? (A broken grammar takes any.)"""
+        if self._next is not None:       # a mask in flight is the answer (and the matcher is busy)
+            banned = self._next.result()
+            if banned is None:
+                return True
+            return token < banned.shape[0] and not banned[token]
+        if self._m.is_error():
+            return True
+        return token < self._n_vocab and self._m.validate_tokens([int(token)]) == 1
+
     def banned(self) -> np.ndarray | None:
         """Tokens the grammar forbids now ([n_vocab] bool); None once it is broken."""
+        self._needed_now = True
+        if self._next is None:
+            self._next = _POOL.submit(self._banned)
         return self._next.result()
 
     def accept(self, token: int) -> None:
-        self._next.result()          # the matcher is not thread-safe: one call at a time
+        if self._next is not None:
+            self._next.result()          # the matcher is not thread-safe: one call at a time
+        self._needed = 0.8 * self._needed + 0.2 * self._needed_now
+        self._needed_now = False
         self._m.consume_token(int(token))
-        self._next = _POOL.submit(self._banned)
+        self._next = _POOL.submit(self._banned) if self._needed > PRECOMPUTE_ABOVE else None
 
     @property
     def error(self) -> str:

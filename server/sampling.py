@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from .llama_rng import LlamaRng
+from .sampling_filters import sorted_ids, top_k_rows, top_p_count, top_p_prefix, typical_keep
 
 # Rows per block for the raw log-softmax: bounds the float32 temporary.
 _LSE_BLOCK = 16
@@ -139,15 +140,15 @@ class SequenceSampler:
         window = np.asarray(self._history[-self.params.repeat_last_n:], dtype=np.int64)
         return np.unique(window, return_counts=True)
 
-    def adjust(self, row: np.ndarray) -> None:
-        """Apply logit_bias, the penalties, then the grammar's mask to one float32 row in place."""
+    def adjust(self, row: np.ndarray, grammar: bool = True) -> None:
+        """Apply logit_bias, the penalties, then (with `grammar`) the grammar's mask to one float32 row in place."""
         n_vocab = row.shape[0]
         if self._bias_ids.size:
             ok = self._bias_ids < n_vocab
             row[self._bias_ids[ok]] += self._bias_vals[ok]
         if self._penalised and self._history:
             self._penalise(row, n_vocab)
-        if self.constraint is not None:
+        if grammar and self.constraint is not None:
             banned = self.constraint.banned()
             if banned is not None:
                 row[:banned.shape[0]][banned] = -np.inf
@@ -181,13 +182,13 @@ class SequenceSampler:
 
         if p.typical_p < 1.0:
             if not is_sorted:
-                idx = _sorted_ids(row)
+                idx = sorted_ids(row)
                 vals, is_sorted = row[idx], True
-            keep = _typical_keep(vals, p.typical_p)
+            keep = typical_keep(vals, p.typical_p)
             idx, vals = idx[keep], vals[keep]
         if p.top_p < 1.0:
             if is_sorted:
-                n = _top_p_count(vals, p.top_p)
+                n = top_p_count(vals, p.top_p)
                 idx, vals = idx[:n], vals[:n]
             else:
                 within = None
@@ -196,7 +197,7 @@ class SequenceSampler:
                     # shorter one wins; min_p's is cheap to find and usually short.
                     thr = np.float32(row.max()) + np.float32(math.log(np.float32(p.min_p)))
                     within = np.flatnonzero(row >= thr)
-                idx = _top_p_prefix(row, p.top_p, within)
+                idx = top_p_prefix(row, p.top_p, within)
                 vals, is_sorted = row[idx], True
         if p.min_p > 0.0:
             vmax = vals[0] if is_sorted else vals.max()
@@ -248,22 +249,16 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
     adjusting = [i for i, s in enumerate(samplers) if s.adjusts_logits]
     work = logits.copy() if adjusting else logits                   # [n_rows, n_vocab]
     for i in adjusting:
-        samplers[i].adjust(work[i])
-
-    tokens = np.zeros(n_rows, dtype=np.int64)
-    greedy = [i for i, s in enumerate(samplers) if s.params.greedy]
-    if greedy:
-        tokens[greedy] = np.argmax(_take_rows(work, greedy), axis=1)
-
-    by_k: dict[int, list[int]] = defaultdict(list)
-    for i, s in enumerate(samplers):
-        if not s.params.greedy:
-            k = s.params.top_k
-            by_k[k if 0 < k < n_vocab else 0].append(i)
-    for k, rows in by_k.items():
-        tops = _top_k_rows(work, rows, k) if k else [None] * len(rows)
-        for i, top in zip(rows, tops):
-            tokens[i] = samplers[i].sample(work[i], top)
+        samplers[i].adjust(work[i], grammar=False)
+    tokens = _draw(work, samplers, range(n_rows))
+    # a grammar refusing the token drawn: the row again, masked, and a second draw (llama.cpp's
+    # grammar-based rejection sampling in common_sampler_sample)
+    refused = [i for i, s in enumerate(samplers) if s.constraint is not None and not s.constraint.allows(int(tokens[i]))]
+    if refused:
+        for i in refused:
+            work[i] = logits[i]
+            samplers[i].adjust(work[i])
+        tokens[refused] = _draw(work, samplers, refused)[refused]
 
     results = []
     by_n: dict[int, list[int]] = defaultdict(list)
@@ -272,7 +267,7 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
             by_n[min(s.params.n_probs, n_vocab)].append(i)
     tops_raw: dict[int, np.ndarray] = {}
     for n, rows in by_n.items():
-        tops_raw.update(zip(rows, _top_k_rows(logits, rows, n)))
+        tops_raw.update(zip(rows, top_k_rows(logits, rows, n)))
     for i in range(n_rows):
         tok = int(tokens[i])
         top = []
@@ -286,6 +281,26 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
             top = [(t, math.log(q)) for t, q in post[1:] if q > 0]
         results.append(SampleResult(tok, lp, top))
     return results
+
+
+def _draw(work: np.ndarray, samplers: list[SequenceSampler], rows) -> np.ndarray:
+    """A token for each of `rows` from its adjusted row: greedy rows by argmax (vectorised),
+    the others through their sampler chain, grouped by top_k."""
+    n_vocab = work.shape[1]
+    tokens = np.zeros(work.shape[0], dtype=np.int64)
+    greedy = [i for i in rows if samplers[i].params.greedy]
+    if greedy:
+        tokens[greedy] = np.argmax(_take_rows(work, greedy), axis=1)
+    by_k: dict[int, list[int]] = defaultdict(list)
+    for i in rows:
+        if not samplers[i].params.greedy:
+            k = samplers[i].params.top_k
+            by_k[k if 0 < k < n_vocab else 0].append(i)
+    for k, ks in by_k.items():
+        tops = top_k_rows(work, ks, k) if k else [None] * len(ks)
+        for i, top in zip(ks, tops):
+            tokens[i] = samplers[i].sample(work[i], top)
+    return tokens
 
 
 def _take_rows(x: np.ndarray, rows: list[int]) -> np.ndarray:
@@ -302,98 +317,3 @@ def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
         np.exp(e, out=e)
         out[b:b + _LSE_BLOCK] = m[:, 0] + np.log(e.sum(axis=1))
     return out
-
-
-def _top_exact(vals: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k largest vals, sorted by (-val, position)."""
-    n = vals.shape[0]
-    if n > k:
-        kth = np.partition(vals, n - k)[n - k]
-        above = np.flatnonzero(vals > kth)
-        ties = np.flatnonzero(vals == kth)[:k - above.size]         # lowest positions win ties
-        pos = np.concatenate([above, ties])
-    else:
-        pos = np.arange(n)
-    return pos[np.lexsort((pos, -vals[pos]))]
-
-
-def _top_k_rows(x: np.ndarray, rows: list[int], k: int) -> list[np.ndarray]:
-    """Top-k token ids of each chosen row of x, each sorted by (-logit, id).
-
-    A threshold from a strided subsample (its k-th largest value) bounds the
-    candidates: at least k tokens reach it, so the true top k all do. The
-    thresholds are found for all rows in one partition; each row then
-    argpartitions only its few thousand candidates instead of the vocabulary.
-    """
-    n_vocab = x.shape[1]
-    stride = int(math.sqrt(n_vocab / k))
-    if stride < 4:
-        return [_top_exact(x[i], k) for i in rows]
-    sub = x[:, ::stride][rows]                                      # [len(rows), n_sub]
-    n_sub = sub.shape[1]
-    thr = np.partition(sub, n_sub - k, axis=1)[:, n_sub - k]        # [len(rows)]
-    out = []
-    for i, t in zip(rows, thr):
-        cand = np.flatnonzero(x[i] >= t)
-        out.append(cand[_top_exact(x[i, cand], k)])
-    return out
-
-
-def _sorted_ids(row: np.ndarray) -> np.ndarray:
-    """All token ids sorted by (-logit, id): a full sort, only for typical_p without top_k."""
-    return np.argsort(-row, kind="stable")
-
-
-def _softmax64(vals: np.ndarray) -> np.ndarray:
-    z = np.exp(vals.astype(np.float64) - float(vals.max()))
-    return z / z.sum()
-
-
-def _top_p_count(vals: np.ndarray, p: float) -> int:
-    """How many of the sorted candidates top_p keeps: up to the first whose cumulative probability reaches p."""
-    cdf = np.cumsum(_softmax64(vals))
-    return min(int(np.searchsorted(cdf, p, side="left")) + 1, len(vals))
-
-
-def _top_p_prefix(row: np.ndarray, p: float, within: np.ndarray | None = None) -> np.ndarray:
-    """top_p over the whole vocabulary without a full sort; ids sorted by (-logit, id).
-
-    Sort only the best m tokens; if their cumulative probability (normalised
-    over the whole vocabulary) reaches p, the cut lies inside them. Else grow m.
-    `within` (ascending ids of all tokens above some logit) bounds the result:
-    if the cut lies beyond it, it is returned whole.
-    """
-    n_vocab = row.shape[0]
-    vmax = row.max()
-    z = float(np.exp(row - vmax).sum(dtype=np.float64))
-    if within is not None:
-        ids = within[np.lexsort((within, -row[within]))]
-        cdf = np.cumsum(np.exp(row[ids] - vmax), dtype=np.float64) / z
-        n = int(np.searchsorted(cdf, p, side="left")) + 1
-        return ids[:n]
-    m = 256
-    while m < n_vocab:
-        ids = _top_exact(row, m)
-        cdf = np.cumsum(np.exp(row[ids] - vmax), dtype=np.float64) / z
-        if cdf[-1] >= p:
-            return ids[:int(np.searchsorted(cdf, p, side="left")) + 1]
-        m *= 8
-    ids = _sorted_ids(row)
-    return ids[:_top_p_count(row[ids], p)]
-
-
-def _typical_keep(vals: np.ndarray, p: float) -> np.ndarray:
-    """Positions (ascending) that locally typical sampling keeps among sorted candidates.
-
-    ref: llama_sampler_typical_apply; candidates ordered by |-log p - entropy|,
-    kept until the cumulative probability exceeds p (strictly, unlike top_p).
-    """
-    prob = _softmax64(vals)
-    pos = prob > 0
-    logp = np.full_like(prob, -np.inf)
-    logp[pos] = np.log(prob[pos])
-    entropy = -float(np.sum(prob[pos] * logp[pos]))
-    order = np.argsort(np.abs(-logp - entropy), kind="stable")
-    cdf = np.cumsum(prob[order])
-    n = min(int(np.searchsorted(cdf, p, side="right")) + 1, len(vals))
-    return np.sort(order[:n])

@@ -113,6 +113,42 @@ def test_mask_applies_to_the_grammar_row_only(smollm2):
     assert yes != no
 
 
+def test_a_draw_the_grammar_takes_is_the_free_draw(smollm2):
+    """llama.cpp's rejection sampling: the token is first drawn from the row without the
+    grammar; when the grammar takes it, that draw stands (one RNG draw, no mask needed)."""
+    tok, g = smollm2
+    grammar = g.compile("gbnf", 'root ::= [a-z]+')
+    letters = [t for t in range(tok.n_vocab) if tok.token_bytes(t).isalpha() and tok.token_bytes(t).islower()]
+    logits = np.full((1, tok.n_vocab), -40.0, dtype=np.float32)
+    logits[0, letters[:50]] = np.linspace(2.0, 3.0, 50)         # the likely tokens are all allowed
+    params = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    free, bound = SequenceSampler(SamplingParams(**params)), SequenceSampler(SamplingParams(**params, grammar=grammar))
+    for _ in range(5):
+        a, b = sample_batch(logits, [free])[0].token, sample_batch(logits, [bound])[0].token
+        assert a == b and a in letters
+        free.accept(a)
+        bound.accept(b)
+
+
+def test_a_refused_draw_is_drawn_again_from_the_masked_row(smollm2):
+    """When the grammar refuses the free draw, the row is masked and a second draw (the RNG's
+    next value) picks among the tokens it allows, as llama.cpp's common_sampler_sample."""
+    tok, g = smollm2
+    grammar = g.compile("gbnf", 'root ::= "yes" | "no"')
+    yes, no = tok.encode("yes", add_special=False)[0], tok.encode("no", add_special=False)[0]
+    logits = np.zeros((1, tok.n_vocab), dtype=np.float32)
+    logits[0, 42], logits[0, yes], logits[0, no] = 20.0, 1.0, 1.0    # 42 is drawn, and refused
+    params = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+    bound = SequenceSampler(SamplingParams(**params, grammar=grammar))
+    token = sample_batch(logits, [bound])[0].token
+    # what a sampler that skips the first value and draws from the masked row gets
+    masked = np.full_like(logits, -np.inf)
+    masked[0, [yes, no]] = 1.0
+    twin = SequenceSampler(SamplingParams(**params))
+    twin.rng.random()
+    assert token in (yes, no) and token == sample_batch(masked, [twin])[0].token
+
+
 def _accepts(tok, grammar, text: str) -> bool:
     """Whether the grammar lets a model write exactly `text` (control tokens as
     themselves) and then stop."""

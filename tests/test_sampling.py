@@ -3,13 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from ggserve.server.sampling import (
-    SamplingParams,
-    SequenceSampler,
-    _top_k_rows,
-    _top_p_prefix,
-    sample_batch,
-)
+from ggserve.server.sampling import SamplingParams, SequenceSampler, sample_batch
+from ggserve.server.sampling_filters import top_k_rows, top_p_prefix
 
 # Probabilities 0.5, 0.25, 0.15, 0.10 as logits.
 PROBS4 = np.log(np.array([[0.5, 0.25, 0.15, 0.10]], dtype=np.float32))
@@ -217,7 +212,7 @@ def test_batch_result_equals_per_row_result():
 
 def test_top_k_candidates_equal_full_sort_with_ties():
     logits = np.round(_logits(3, 50000, seed=8), 1)    # many exact ties
-    for i, ids in enumerate(_top_k_rows(logits, [0, 1, 2], 40)):
+    for i, ids in enumerate(top_k_rows(logits, [0, 1, 2], 40)):
         assert list(ids) == list(np.argsort(-logits[i], kind="stable")[:40])
 
 
@@ -227,7 +222,7 @@ def test_top_p_over_whole_vocab_equals_full_sort():
     p = np.exp(row[order].astype(np.float64) - row.max())
     cdf = np.cumsum(p / p.sum())
     n = int(np.argmax(cdf >= 0.9)) + 1
-    assert list(_top_p_prefix(row, 0.9)) == list(order[:n])
+    assert list(top_p_prefix(row, 0.9)) == list(order[:n])
 
 
 def test_top_p_and_min_p_keep_the_shorter_prefix():
@@ -245,7 +240,7 @@ def test_top_p_bounded_by_min_p_set_equals_full_sort():
     for top_p, min_p in [(0.9, 0.001), (0.3, 0.001), (0.9, 0.3)]:
         thr = np.float32(row.max()) + np.float32(math.log(np.float32(min_p)))
         n = min(int(np.argmax(cdf >= top_p)) + 1, int((row >= thr).sum()))
-        assert list(_top_p_prefix(row, top_p, np.flatnonzero(row >= thr))) == list(order[:n])
+        assert list(top_p_prefix(row, top_p, np.flatnonzero(row >= thr))) == list(order[:n])
 
 
 @pytest.mark.parametrize("field,value", [
