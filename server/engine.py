@@ -155,8 +155,8 @@ class Engine:
             events += [self._end(s, None, "length") for s in list(self.scheduler.running)
                        if not shift_context(s, self.memory, self.model, self.n_ctx, self.n_keep)]
         if self.spec.on:
-            self.spec.propose([s for s in self.scheduler.running
-                               if not s.prefilling and s.n_pending == 1 and s.pool is None], self.n_ctx)
+            self.spec.propose([s for s in self.scheduler.running if not s.prefilling and s.n_pending == 1
+                               and s.pool is None], self.n_ctx, self.scheduler.decode_cost.fit())
         plan = self.scheduler.plan(self.slots.share(self.scheduler.running), self.images.__contains__,
                                    self.encoder is not None and self.encoder.idle())
         if plan.encode_first is not None:

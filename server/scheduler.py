@@ -95,6 +95,9 @@ class Scheduler:
         self.max_stall = max(0.0, max_stall_s)
         self._row_seconds = 0.0
         self.cost = StepCost()
+        # small steps alone (decodes and their drafts): a row costs more there than in a long
+        # prompt's step, and that is the cost a drafted row adds (server/speculative.py)
+        self.decode_cost = StepCost()
         self._skipped: dict[str, int] = {}     # prompt id -> steps it was passed over in a row
 
     def add(self, seq: Sequence) -> None:
@@ -142,6 +145,8 @@ class Scheduler:
         """A step of n_rows computed in `seconds` (step_seconds in all): update the cost
         of a row (small steps cost more per row, they would shrink the cap) and of a step."""
         self.cost.observe(n_rows, step_seconds)
+        if n_rows < ROW_COST_MIN_ROWS:
+            self.decode_cost.observe(n_rows, step_seconds)
         if n_rows >= ROW_COST_MIN_ROWS:
             per_row = seconds / n_rows
             self._row_seconds = per_row if not self._row_seconds else 0.8 * self._row_seconds + 0.2 * per_row

@@ -52,6 +52,7 @@ class SpecConfig:
     simple_m: int = 48       # ngram-simple: draft m-gram (--spec-ngram-simple-size-m)
     model_draft: str | None = None
     n_gpu_layers_draft: int = 0
+    adaptive: bool = True    # draft only where verifying pays for its rows (draft_pays); False: always
 
     @classmethod
     def from_args(cls, args) -> "SpecConfig":
@@ -147,16 +148,17 @@ class Speculator:
     def on(self) -> bool:
         return self.config.type != "none"
 
-    def propose(self, seqs, n_ctx: int) -> None:
+    def propose(self, seqs, n_ctx: int, step_cost=None) -> None:
         """Set `seq.draft` for each decoding sequence (empty where nothing is proposed).
         A draft never asks for more rows than the request may still generate or
-        its context holds."""
+        its context holds; with `adaptive`, only streams whose drafts pay for their rows
+        under step_cost (the scheduler's (fixed, per_row) fit) draft."""
         room = {}
         for s in seqs:
             s.draft = ()
             k = min(self.config.n_max if s.draft_max is None else s.draft_max,
                     s.request.max_tokens - s.n_generated - 1, n_ctx - len(s.tokens))
-            if k > 0:
+            if k > 0 and (not self.config.adaptive or draft_pays(s, len(seqs), step_cost)):
                 room[s] = k
         if not room:
             return
@@ -195,3 +197,17 @@ class Speculator:
     def close(self) -> None:
         if self.draft_model is not None:
             self.draft_model.close()
+
+
+def draft_pays(seq, n_streams: int, step_cost) -> bool:
+    """Does verifying this stream's draft raise the tokens per second of a step? A step of B
+    streams takes fixed + per_row * rows; a drafted row costs per_row and brings, at the
+    stream's acceptance rate so far (a), a more tokens: worth it while
+    a * (fixed + per_row * B) > per_row * B. One stream on a CPU, where reading the weights
+    dominates, drafts; many streams on a CPU, where rows dominate, draft only what is nearly
+    always accepted; a GPU drafts. Before the step cost is known: drafts."""
+    if step_cost is None:
+        return True
+    fixed, per_row = step_cost
+    rate = (seq.n_draft_accepted + 1) / (seq.n_draft + 2)
+    return rate * (fixed + per_row * n_streams) > per_row * n_streams

@@ -19,7 +19,8 @@ import pytest
 from engine_helpers import generate, generate_requests, tokens
 from ggserve.server.engine import Engine, Request
 from ggserve.server.sampling import SamplingParams
-from ggserve.server.speculative import SpecConfig, lookup, simple_draft
+from ggserve.server.sequence import Sequence
+from ggserve.server.speculative import SpecConfig, draft_pays, lookup, simple_draft
 from synth_golden import case, completions, model_path
 
 GOLDEN = {c["key"]: c for c in json.loads(
@@ -27,7 +28,8 @@ GOLDEN = {c["key"]: c for c in json.loads(
 # prompts whose plain answers are llama.cpp's exactly (no near-tie); long_prose decodes
 # over 768 cells: its rows take ggml's thread-split attention kernel, each over its own view
 FOUR = ("capital", "code_fib", "counting", "long_prose")
-NGRAM = SpecConfig(type="ngram")
+# drafts whatever the step cost: these tests are about verification (draft_pays has its own)
+NGRAM = SpecConfig(type="ngram", adaptive=False)
 
 
 def _engine(path, spec=None, **kw):
@@ -81,7 +83,7 @@ def test_ngram_four_streams_equal_llama_cpp(smollm2_path):
 def test_draft_model_for_itself_synth_qwen3_four_streams_equal_llama_cpp():
     keys = ("capital", "story", "code_fib", "long_prose")
     path = model_path("qwen3")
-    e = _engine(path, SpecConfig(type="draft-simple", model_draft=path, n_max=4))
+    e = _engine(path, SpecConfig(type="draft-simple", model_draft=path, n_max=4, adaptive=False))
     out = generate(e, {k: case("qwen3", k)["prompt_ids"] for k in keys}, 48)
     accepted, drafted = _accepted(e)
     e.close()
@@ -109,7 +111,7 @@ def test_rejected_drafts_leave_no_cells(smollm2_path):
 def test_hybrid_models_refuse_a_draft_model_and_run_without_ngram_drafts():
     path = model_path("qwen35")
     with pytest.raises(ValueError, match="recurrent"):
-        Engine(path, n_ctx=512, n_parallel=1, n_threads=2, spec=SpecConfig(type="draft-simple", model_draft=path))
+        Engine(path, n_ctx=512, n_parallel=1, n_threads=2, spec=SpecConfig(type="draft-simple", model_draft=path, adaptive=False))
     e = Engine(path, n_ctx=512, n_parallel=1, n_threads=2, spec=NGRAM)
     assert not e.spec.on
     e.close()
@@ -190,7 +192,7 @@ def _both(path, spec, prompts, n):
 @pytest.mark.parametrize("kind", ["ngram", "ngram-simple", "draft-simple"])
 def test_every_smollm2_golden_prompt_equals_plain_decoding(smollm2_path, kind):
     spec = SpecConfig(type=kind, model_draft=smollm2_path if kind == "draft-simple" else None,
-                      simple_n=3, simple_m=8)
+                      simple_n=3, simple_m=8, adaptive=False)
     keys = list(GOLDEN)
     for group in (keys[:4], keys[4:8], keys[8:]):       # four streams at a time
         plain, fast = _both(smollm2_path, spec, {k: GOLDEN[k]["prompt_ids"] for k in group}, 48)
@@ -201,7 +203,7 @@ def test_every_smollm2_golden_prompt_equals_plain_decoding(smollm2_path, kind):
 def test_every_synth_qwen3_golden_prompt_equals_llama_cpp_with_itself_as_draft():
     path = model_path("qwen3")
     cases = completions()["models"]["qwen3"]
-    e = _engine(path, SpecConfig(type="draft-simple", model_draft=path, n_max=6))
+    e = _engine(path, SpecConfig(type="draft-simple", model_draft=path, n_max=6, adaptive=False))
     for group in (cases[:4], cases[4:]):
         out = generate(e, {c["key"]: c["prompt_ids"] for c in group}, 48)
         assert {k: tokens(v) for k, v in out.items()} == {c["key"]: c["generated_ids"] for c in group}
@@ -227,3 +229,20 @@ def test_served_answer_has_draft_timings_and_metrics_count_them(smollm2_path):
     t = body["timings"]
     assert t["predicted_n"] == 48 and 0 < t["draft_n_accepted"] < t["draft_n"]
     assert (drafted, accepted) == (t["draft_n"], t["draft_n_accepted"])
+
+
+def _stream(drafted: int, accepted: int):
+    s = Sequence(Request("s", [1, 2, 3]))
+    s.n_draft, s.n_draft_accepted = drafted, accepted
+    return s
+
+
+@pytest.mark.parametrize("streams,step_cost,drafted,accepted,pays", [
+    (1, (0.010, 0.002), 10, 5, True),      # one stream on a CPU: reading the weights dominates
+    (8, (0.010, 0.002), 10, 5, False),     # eight: rows dominate, half the drafts accepted do not pay
+    (8, (0.010, 0.002), 100, 95, True),    # ... nearly always accepted ones do
+    (8, (0.010, 0.00001), 10, 2, True),    # a GPU: rows are nearly free
+    (8, None, 10, 0, True),                # before any step was measured
+])
+def test_a_draft_is_verified_where_it_pays_for_its_rows(streams, step_cost, drafted, accepted, pays):
+    assert draft_pays(_stream(drafted, accepted), streams, step_cost) is pays
