@@ -74,7 +74,7 @@ def test_stream_sends_openai_events_in_order(client):
 
 def test_llama_server_telemetry_in_the_stream(server):
     """llama-server's return_progress and timings_per_token: prompt reports as response.in_progress
-    events (a 256-token batch: one report before, one after the ~330-token prompt's two batches),
+    events (a 256-token batch: one report as it starts, one after each of the ~330-token prompt's batches),
     timings on the text deltas and on the final event; the events OpenAI's SDK reads stay as they were."""
     body = {"input": "This is a test " * 80, "max_output_tokens": 4, "stream": True, "temperature": 0,
             "return_progress": True, "timings_per_token": True}
@@ -82,7 +82,8 @@ def test_llama_server_telemetry_in_the_stream(server):
     events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
     progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
     assert all(e["type"] == "response.in_progress" for e in events if "prompt_progress" in e)
-    assert [p["processed"] for p in progress] == [0, 256, progress[0]["total"]]
+    cached = progress[0]["cache"]          # what earlier requests left of the template's start
+    assert [p["processed"] for p in progress] == [cached, cached + 256, progress[0]["total"]]
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas and all("prompt_per_second" in e["timings"] for e in deltas)
     assert events[-1]["type"] in ("response.completed", "response.incomplete") and "timings" in events[-1]
