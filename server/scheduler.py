@@ -45,22 +45,26 @@ class StepCost:
 
     def __init__(self):
         self._sums = [0.0] * 5        # weight, rows, seconds, rows², rows·seconds
+        self._last: tuple[float, float] | None = None
 
     def observe(self, rows: int, seconds: float) -> None:
         w, x, y, xx, xy = (v * self.DECAY for v in self._sums)
         self._sums = [w + 1, x + rows, y + seconds, xx + rows * rows, xy + rows * seconds]
 
     def fit(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per row), or None until steps of different sizes were seen."""
+        """(fixed seconds, seconds per row), or None until steps of different sizes were seen;
+        while the recent steps are too alike to tell the two parts apart, the last fit."""
         w, x, y, xx, xy = self._sums
         if w < 2:
-            return None
+            return self._last
         mx, my = x / w, y / w
         var = xx / w - mx * mx
-        if var < 16.0:                # rows too alike to tell the two parts apart
-            return None
+        if var < 16.0:
+            return self._last
         per_row = (xy / w - mx * my) / var
-        return (max(my - per_row * mx, 0.0), per_row) if per_row > 0 else None
+        if per_row > 0:
+            self._last = (max(my - per_row * mx, 0.0), per_row)
+        return self._last
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,10 @@ class Scheduler:
         self.max_stall = max(0.0, max_stall_s)
         self._row_seconds = 0.0
         self.cost = StepCost()
-        # small steps alone (decodes and their drafts): a row costs more there than in a long
-        # prompt's step, and that is the cost a drafted row adds (server/speculative.py)
+        # steps of decodes and their drafts alone: what a drafted row adds to such a step
+        # (server/speculative.py); prompt rows cost less each, they would hide it
         self.decode_cost = StepCost()
+        self._prompt_rows = 0          # prompt rows in the last step planned
         self._skipped: dict[str, int] = {}     # prompt id -> steps it was passed over in a row
 
     def add(self, seq: Sequence) -> None:
@@ -145,7 +150,7 @@ class Scheduler:
         """A step of n_rows computed in `seconds` (step_seconds in all): update the cost
         of a row (small steps cost more per row, they would shrink the cap) and of a step."""
         self.cost.observe(n_rows, step_seconds)
-        if n_rows < ROW_COST_MIN_ROWS:
+        if not self._prompt_rows:
             self.decode_cost.observe(n_rows, step_seconds)
         if n_rows >= ROW_COST_MIN_ROWS:
             per_row = seconds / n_rows
@@ -181,6 +186,7 @@ class Scheduler:
                 chunks.append(Chunk(s, s.n_computed, n, s.n_computed + n == len(s.tokens)))
                 budget = 0 if over_cap else budget - n
                 full -= n
+        self._prompt_rows = sum(c.n for c in chunks if c.seq.prefilling)
         return chunks
 
     def _prompts_first(self, budget: int, decode_rows: int, hold) -> list[Sequence]:
