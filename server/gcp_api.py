@@ -91,10 +91,13 @@ def routes(existing: list, route, health) -> list:
 
         scope = {**request.scope, "path": path, "raw_path": path.encode(), "query_string": b""}
         response: Response = await handlers[path](Request(scope, receive))
+        data = getattr(response, "body", None)           # (a streamed answer has none)
+        if not data:
+            return None
         try:
-            return json.loads(response.body) if response.body else None
-        except (AttributeError, ValueError):      # a stream, or not JSON
-            return response.body.decode("utf-8", "replace") if hasattr(response, "body") else None
+            return json.loads(data)
+        except ValueError:
+            return data.decode("utf-8", "replace")
 
     async def predict(request: Request) -> Response:
         try:

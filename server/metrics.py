@@ -19,7 +19,7 @@ class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "ggserve_requests", "HTTP requests by endpoint and status (polls left out: health, models, metrics)",
+            "ggserve_requests", "HTTP requests by endpoint and status (polls left out: server/api.py is_poll)",
             ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter(
             "ggserve_prompt_tokens", "Prompt tokens received", registry=r)

@@ -28,9 +28,9 @@ async def rerank(api: API, request: Request) -> Response:
         raise APIError(501, "This server does not support reranking. Start it with `--reranking`")
     body = await api.json_body(request)
     tei = "texts" in body
-    query = body.get("query")
     if "query" not in body:
         raise invalid('"query" must be provided', param="query")
+    query = body["query"]
     if not isinstance(query, str):
         raise invalid('"query" must be a string', param="query")
     docs = body.get("documents", body.get("texts"))

@@ -8,8 +8,8 @@ step takes the shortest first, and only as many as make their times to first tok
 smallest in sum under the measured cost of a step (StepCost: a fixed part and a
 part per row): where rows dominate (a CPU) prompts that arrive together are
 computed one after the other, the first answered after its own prompt instead of
-after all of them; where the fixed part dominates (a GPU) they share one step. While streams are
-decoding, the engine may cap the rows of a step (`max_rows`) so that a prompt
+after all of them; where the fixed part dominates (a GPU) they share one step.
+While streams are decoding, the engine may cap the rows of a step (`max_rows`) so that a prompt
 arriving mid-stream costs each stream a short pause per step instead of one long
 one (on a CPU a full 512-token step takes seconds).
 
