@@ -115,12 +115,10 @@ def serve_parser() -> argparse.ArgumentParser:
           help="compute each batch with plain ggml calls instead of reproducing, row by "
                "row, the CPU kernel llama.cpp would use (results then differ from "
                "llama.cpp's in the last bits; for GPUs and speed comparisons)")
-    # One core is left to the HTTP event loop: ggml's worker threads spin at their
-    # barriers, and when they share every core with Python the steps crawl (measured
-    # on 2 cores: the server test suite takes 25 s with -t 1 and 650 s with -t 2).
-    _flag(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int,
-          default=max(1, (os.cpu_count() or 2) - 1),
-          metavar="N", help="CPU threads for ggml (0: all cores)")
+    # every physical core, as llama-server: the HTTP loop's work per token is small
+    # beside a step (measured on 2 cores, 8 streams: 160 tok/s with -t 2, 99 with -t 1)
+    _flag(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int, default=0,
+          metavar="N", help="CPU threads for ggml (0: one per physical core, as llama-server)")
     _flag(p, "-ngl", "--gpu-layers", "--n-gpu-layers", env="LLAMA_ARG_N_GPU_LAYERS",
           type=int, default=0, metavar="N", dest="n_gpu_layers",
           help="number of layers to store in GPU memory (CUDA builds of ggml) or on --rpc workers "

@@ -14,6 +14,7 @@ from ggserve.models.tokenizer import Tokenizer
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.cpu_topology import default_threads
 from ggserve.server.kernel_parity import SGEMM_TYPES, TILED_TYPES
 
 
@@ -65,7 +66,7 @@ class LoadedModel:
         n_layer = meta.get(f"{arch}.block_count", 0)
         # graph size: ~60 nodes per layer plus 6 per attention call (at most one per sequence)
         max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
-        self.backend = ggml.Backend(n_threads=n_threads, max_nodes=max_nodes, rpc=rpc)
+        self.backend = ggml.Backend(n_threads=default_threads(n_threads), max_nodes=max_nodes, rpc=rpc)
         layer_devices = assign_layers(n_layer, n_gpu_layers, self.backend.gpus, self.backend.cpu, tensor_split)
         self.device_of_layer = layer_devices.__getitem__
         matmul_names = matmul_weight_names(self.gguf.tensors)
