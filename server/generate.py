@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
     p.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: one per physical core)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="KV cache size in tokens, shared by all slots")
     p.add_argument("-b", "--batch-size", type=int, default=512, help="tokens per step (default 512)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers to place on the GPU")
