@@ -30,6 +30,8 @@ log = logging.getLogger("ggserve.server")
 # worker was lost, and how often an idle engine asks its workers (so /health knows)
 WATCH_SECONDS = 0.25
 HEARTBEAT_SECONDS = 2.0
+# how stale the engine gauges of /metrics may grow while requests run (_dispatch)
+STATS_EVERY_SECONDS = 0.1
 
 
 class WorkerLost(Exception):
@@ -67,6 +69,7 @@ class Service:
         self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
         self._adds: list[tuple[Job, asyncio.Future]] = []
         self._cancels: list[str] = []
+        self._stats_at = 0.0                   # when the engine gauges were last read
         self._calls: list[tuple[Callable, asyncio.Future]] = []   # on_engine: fn(engine) between steps
         self._live: dict[str, tuple[Job, int]] = {}   # request id -> (job, index)
         self._wake: asyncio.Event | None = None
@@ -349,6 +352,7 @@ class Service:
     def _dispatch(self, events) -> None:
         now = time.perf_counter()
         m = self.metrics
+        started_or_ended = False
         for ev in events:
             entry = self._live.get(ev.request_id)
             if entry is None:
@@ -360,6 +364,7 @@ class Service:
                 m.generated_tokens.inc()
                 if c.t_first is None:
                     c.t_first = now
+                    started_or_ended = True
                     m.ttft.observe(now - job.t_submit)
                     m.cached_tokens.inc(ev.n_cached)
                 else:
@@ -367,12 +372,17 @@ class Service:
                 c.t_last = now
             if ev.finish_reason is not None:
                 del self._live[ev.request_id]
+                started_or_ended = True
             if getattr(ev, "error", None):        # the engine ended this request alone
                 job.choices[index].engine_done = True
                 job.queue.put_nowait(APIError(500, ev.error, code="server_error"))
                 continue
             job.queue.put_nowait((index, ev))
-        self._update_stats()
+        # the gauges follow every request's first token and end; between those a step's
+        # tokens move them a little, and reading the engine's stats after each step cost
+        # the event loop ~80 us a token while ggml's threads wanted its core
+        if started_or_ended or now - self._stats_at >= STATS_EVERY_SECONDS:
+            self._update_stats()
 
     def _fail_all(self, err: APIError, cancel: bool = True) -> None:
         for job, fut in self._adds:
@@ -391,6 +401,7 @@ class Service:
         self._update_stats()
 
     def _update_stats(self) -> None:
+        self._stats_at = time.perf_counter()
         try:
             self.metrics.set_engine_stats(self.engine.stats())
         except Exception:
