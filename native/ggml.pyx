@@ -111,6 +111,7 @@ cdef class Backend:
     cdef readonly dict compute_bytes
     cdef Graph _allocated      # the graph the scheduler's buffers hold now
     cdef ggml_threadpool * _threadpool
+    cdef int _pool_threads     # the pool's size (steps may use fewer of its threads)
 
     def __init__(self, int n_threads=0, bint use_gpu=True, int max_nodes=16384, rpc=()):
         cdef size_t i
@@ -184,9 +185,15 @@ cdef class Backend:
 
     def set_n_threads(self, int n):
         """CPU threads for compute, in a thread pool kept across graphs (as llama.cpp
-        attaches one; without it ggml sets up a pool for every graph)."""
+        attaches one; without it ggml sets up a pool for every graph). A pool as large
+        or larger runs the next graphs on n of its threads (steps switch between -t
+        and -tb); a larger n gets a new pool."""
         cdef ggml_threadpool_params tpp
         cdef ggml_threadpool * old = self._threadpool
+        if old != NULL and n <= self._pool_threads:
+            self.n_threads = n
+            ggml_backend_cpu_set_n_threads(self.cpu_backend, n)
+            return
         ggml_threadpool_params_init(&tpp, n)
         cdef ggml_threadpool * tp = ggml_threadpool_new(&tpp)
         if tp == NULL:
@@ -195,6 +202,7 @@ cdef class Backend:
         ggml_backend_cpu_set_n_threads(self.cpu_backend, n)
         ggml_backend_cpu_set_threadpool(self.cpu_backend, tp)
         self._threadpool = tp
+        self._pool_threads = n
         if old != NULL:
             ggml_threadpool_free(old)
 

@@ -57,6 +57,7 @@ class ServerConfig:
     cache_type_k: str = "f16"                 # -ctk
     cache_type_v: str = "f16"                 # -ctv
     n_threads: int = 0
+    n_threads_batch: int = -1                 # -tb (-1: as n_threads)
     n_gpu_layers: int = 0
     rpc: tuple[str, ...] = ()                 # --rpc: RPC workers' host:port (remote devices)
     tensor_split: tuple[float, ...] = ()      # -ts: layer shares of the devices
@@ -108,7 +109,7 @@ def load_engine(cfg: ServerConfig):
         with open(cfg.chat_template_file, encoding="utf-8") as f:
             template = f.read()
     engine = Engine(cfg.model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                    n_parallel=cfg.n_parallel, n_threads=cfg.n_threads,
+                    n_parallel=cfg.n_parallel, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads_batch,
                     n_gpu_layers=cfg.n_gpu_layers, chat_template=template,
                     mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
                     max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,

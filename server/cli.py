@@ -119,6 +119,8 @@ def serve_parser() -> argparse.ArgumentParser:
     # beside a step (measured on 2 cores, 8 streams: 160 tok/s with -t 2, 99 with -t 1)
     _flag(p, "-t", "--threads", env="LLAMA_ARG_THREADS", type=int, default=0,
           metavar="N", help="CPU threads for ggml (0: one per physical core, as llama-server)")
+    _flag(p, "-tb", "--threads-batch", env="LLAMA_ARG_THREADS_BATCH", type=int, default=-1, metavar="N",
+          help="CPU threads for steps of more than one row: prompts, several streams (-1: as -t)")
     _flag(p, "-ngl", "--gpu-layers", "--n-gpu-layers", env="LLAMA_ARG_N_GPU_LAYERS",
           type=int, default=0, metavar="N", dest="n_gpu_layers",
           help="number of layers to store in GPU memory (CUDA builds of ggml) or on --rpc workers "
@@ -291,7 +293,8 @@ def config_from_args(args):
     return ServerConfig(
         model=model, alias=args.alias, n_ctx=args.ctx_size, n_batch=args.batch_size,
         n_parallel=parallel, kv_unified=unified, context_shift=args.context_shift,
-        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers,
+        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, n_threads=args.threads, n_threads_batch=args.threads_batch,
+        n_gpu_layers=args.n_gpu_layers,
         rpc=rpc, tensor_split=split,
         api_keys=[k.strip() for k in (args.api_key or "").split(",") if k.strip()],
         metrics=bool(args.metrics),

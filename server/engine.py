@@ -47,7 +47,7 @@ log = logging.getLogger("ggserve.engine")
 
 class Engine:
     def __init__(self, model_path: str, *, n_ctx: int = 4096, n_batch: int = 512,
-                 n_parallel: int = 4, n_threads: int = 0, n_gpu_layers: int = 0,
+                 n_parallel: int = 4, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = 0,
                  cache_type_k: str = "f16", cache_type_v: str = "f16",
                  chat_template: str | None = None, mmproj: str | None = None,
                  image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
@@ -69,7 +69,8 @@ class Engine:
         self.kv_size, self.n_ctx = context_sizes(n_ctx, n_parallel, kv_unified, self.n_ctx_train)
         self.model_path, self.model_name = lm.path, lm.name
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
-        self.n_threads = self.backend.n_threads
+        self.n_threads = self.backend.n_threads       # -t: a step of one row; -tb (0: as -t): larger steps
+        self.n_threads_batch = n_threads_batch if n_threads_batch > 0 else self.n_threads
         self.n_pos = getattr(self.model, "n_pos", 1)
         self.memory = Memory(self.backend, self.model.memory_layers(lm.device_of_layer), kv_size=self.kv_size,
                              n_seqs=n_parallel, type_k=ggml.type_by_name(cache_type_k),
@@ -173,7 +174,7 @@ class Engine:
             pass            # a KV cache the slots share: idle slots give way (to host RAM)
         try:
             cells = self.memory.begin_step(seqs, counts, batch.seq_ids, batch.positions, batch.span_ids)
-            logits = self.runner.run(batch, cells, self._cores_for_text())
+            logits = self.runner.run(batch, cells, self._cores_for_text(batch.n))
         except Exception as e:            # the batch could not run: its requests end, nothing else
             log.exception("step failed")
             if cells is not None:
@@ -311,11 +312,11 @@ class Engine:
         return [self._fail(s, f"an image could not be encoded: {error}")
                 for s in list(self.scheduler.running) if any(sp.key == key for sp in s.images)]
 
-    def _cores_for_text(self) -> int:
-        """CPU threads for this step: fewer while a tile encodes beside it."""
-        if self.encoder is not None and self.encoder.busy():
-            return max(1, self.n_threads - BACKGROUND_THREADS)
-        return self.n_threads
+    def _cores_for_text(self, n_rows: int) -> int:
+        """CPU threads for a step of n_rows (llama.cpp's -t for one row, -tb for more):
+        fewer while a tile encodes beside it."""
+        n = self.n_threads if n_rows == 1 else self.n_threads_batch
+        return max(1, n - BACKGROUND_THREADS) if self.encoder is not None and self.encoder.busy() else n
 
     def _take(self, seq: Sequence, r) -> str | None:
         """A sampled token joins its sequence. -> why the sequence ends now, or None."""
