@@ -101,7 +101,7 @@ class API:
             "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
             "repeat_last_n", "presence_penalty", "frequency_penalty", "seed")
             if getattr(req, k) is not None}
-        kw = {**getattr(self.cfg, "sampling_defaults", {}), **kw}      # --temp, --seed
+        kw = {**getattr(self.cfg, "sampling_defaults", {}), **kw}      # --temp, --top-k, ..., --seed
         if req.top_p == 0.0:
             kw["top_p"] = 1e-9  # OpenAI allows 0: "only the most likely token"
         if req.typical_p == 0.0:

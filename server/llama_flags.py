@@ -1,6 +1,7 @@
 """llama-server flags that `ggserve serve` takes as llama-server does, or accepts because they change nothing here.
 
-Taken: --temp, -s/--seed and -n/--n-predict (every request's default, as llama-server's sampling defaults),
+Taken: the sampling flags (--temp, --top-k, ...: server/sampling_flags.py), -s/--seed and -n/--n-predict
+(every request's default, as llama-server's sampling defaults),
 --no-ui (= --no-webui). Accepted with no effect, each for the reason in its help: --offline,
 --no-jinja, -cb/--cont-batching, -ub/--ubatch-size, -fa/--flash-attn, --swa-full, --[no-]cache-idle-slots.
 --host may list several addresses (`127.0.0.1,::1`), as llama-server 11434; see bind_sockets.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import socket
+
+from .sampling_flags import add_sampling_flags, check_sampling_flags, sampling_flag_defaults
 
 _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
 
@@ -70,8 +73,7 @@ def add_llama_flags(p) -> None:
     p.add_argument("-rea", "--reasoning", type=str.lower, choices=_ON + _OFF + _AUTO, default="auto",
                    metavar="on|off|auto", help="thinking: on/off sets the template's enable_thinking for "
                    "every request (a request's chat_template_kwargs win); auto: as the template does")
-    p.add_argument("--temp", type=float, default=None, metavar="N",
-                   help="default temperature of requests that give none (default: 0.8)")
+    add_sampling_flags(p)
     p.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
                    help="default seed of requests that give none (-1: random, the default)")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N", dest="n_predict",
@@ -112,8 +114,7 @@ def llama_argv(argv: list[str]) -> list[str]:
 
 
 def check_llama_flags(args) -> None:
-    if args.temp is not None and args.temp < 0:
-        raise SystemExit("ggserve serve: --temp must be >= 0")
+    check_sampling_flags(args)
     if args.seed is not None and args.seed < -1:
         raise SystemExit("ggserve serve: --seed must be >= 0, or -1 (random)")
     if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
@@ -143,9 +144,7 @@ def llama_flag_settings(args) -> dict:
 
 def sampling_defaults(args) -> dict:
     """SamplingParams fields a request that leaves them out takes from the command line."""
-    out = {}
-    if args.temp is not None:
-        out["temperature"] = args.temp
+    out = sampling_flag_defaults(args)
     if args.seed is not None and args.seed not in (-1, _SEED_RANDOM):
         out["seed"] = args.seed
     return out
