@@ -14,6 +14,8 @@ cimport numpy as cnp
 
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcpy
+from libc.errno cimport errno
+from posix.mman cimport mlock
 from ggml_api cimport *
 
 ctypedef ggml_backend_buffer_type_t * (*get_extra_bufts_t)(ggml_backend_dev_t)
@@ -267,10 +269,11 @@ cdef class Backend:
         ggml_free(ctx)
         return ok
 
-    def load_weights(self, gguf_file, dict placement, repack=()):
+    def load_weights(self, gguf_file, dict placement, repack=(), bint use_mmap=True):
         """Load every tensor of a GGUFFile; placement maps tensor name -> Device.
 
-        CPU tensors point into the memory-mapped file (no second copy), except the
+        CPU tensors point into the memory-mapped file (no second copy; with use_mmap
+        False they are read into a buffer of their own, as llama.cpp's --no-mmap), except the
         matrix weights named in `repack` whose type the CPU backend repacks into its
         interleaved layout (as llama.cpp loads them: other kernels, other rounding);
         those are copied into a repack buffer. Tensors placed on another device
@@ -310,7 +313,7 @@ cdef class Backend:
         if repacked:
             buffers["CPU_REPACK"] = self._load_copies(gguf_file, base, file_size, self.cpu, repacked, repack_buft)
         for dev, infos in by_device.items():
-            if not dev.is_cpu:
+            if not dev.is_cpu or not use_mmap:
                 buffers[dev.name] = self._load_copies(gguf_file, base, file_size, dev, infos,
                                                       ggml_backend_dev_buffer_type(dev.dev))
                 continue

@@ -146,6 +146,20 @@ cdef class Buffer:
     def __dealloc__(self):
         self._free()
 
+    @property
+    def mapped(self) -> bool:
+        """Do the tensors lie in a memory-mapped file (no copy of their own)?"""
+        return self.keepalive is not None
+
+    def lock(self):
+        """Keep the buffer's memory in RAM (mlock: never swapped out, as llama.cpp's --mlock);
+        OSError when the system refuses (RLIMIT_MEMLOCK). A buffer in device memory: nothing."""
+        if self.buf == NULL or not ggml_backend_buffer_is_host(self.buf):
+            return
+        if mlock(ggml_backend_buffer_get_base(self.buf), ggml_backend_buffer_get_size(self.buf)) != 0:
+            raise OSError(errno, f"cannot lock {ggml_backend_buffer_get_size(self.buf)} bytes in RAM: "
+                                 f"{os.strerror(errno)}")
+
     cdef _free(self):
         if self.buf != NULL:
             ggml_backend_buffer_free(self.buf)

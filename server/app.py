@@ -58,6 +58,8 @@ class ServerConfig:
     cache_type_v: str = "f16"                 # -ctv
     n_threads: int = 0
     n_threads_batch: int = -1                 # -tb (-1: as n_threads)
+    use_mmap: bool = True                     # -lm: weights mapped from the file, or read into memory
+    mlock: bool = False                       # -lm mlock / mmap+mlock: weights kept in RAM
     n_gpu_layers: int = 0
     rpc: tuple[str, ...] = ()                 # --rpc: RPC workers' host:port (remote devices)
     tensor_split: tuple[float, ...] = ()      # -ts: layer shares of the devices
@@ -114,7 +116,7 @@ def load_engine(cfg: ServerConfig):
                     mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
                     max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
                     slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb,
-                    embeddings=cfg.embeddings, pooling=cfg.pooling,
+                    embeddings=cfg.embeddings, pooling=cfg.pooling, use_mmap=cfg.use_mmap, mlock=cfg.mlock,
                     rpc=cfg.rpc, tensor_split=cfg.tensor_split, spec=cfg.spec,
                     kv_unified=cfg.kv_unified, context_shift=cfg.context_shift,
                     cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)

@@ -52,7 +52,7 @@ class Engine:
                  chat_template: str | None = None, mmproj: str | None = None,
                  image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
                  slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
-                 embeddings: bool = False, pooling: str | None = None,
+                 embeddings: bool = False, pooling: str | None = None, use_mmap: bool = True, mlock: bool = False,
                  rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
                  spec: SpecConfig | None = None, kv_unified: bool = False, context_shift: bool = False):
         t0 = time.perf_counter()
@@ -62,7 +62,8 @@ class Engine:
             raise ValueError("n_batch must be >= 1")
         self.n_parallel, self.n_batch = n_parallel, n_batch
         self.loaded = LoadedModel(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_parallel=n_parallel,
-                                  chat_template=chat_template, mmproj=mmproj, rpc=rpc, tensor_split=tensor_split)
+                                  chat_template=chat_template, mmproj=mmproj, rpc=rpc, tensor_split=tensor_split,
+                                  use_mmap=use_mmap, mlock=mlock)
         lm = self.loaded
         # KV cells and each slot's context, as llama.cpp sizes them (n_ctx 0: the model's)
         self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
@@ -101,13 +102,8 @@ class Engine:
         self.load_seconds = time.perf_counter() - t0
         self.last_step_seconds = 0.0
 
-    @property
-    def chat_template(self):
-        return self.loaded.chat_template
-
-    @property
-    def graph_builds(self) -> int:
-        return self.runner.graph_builds
+    chat_template = property(lambda self: self.loaded.chat_template)
+    graph_builds = property(lambda self: self.runner.graph_builds)
 
     @property
     def last_compute_seconds(self) -> float:

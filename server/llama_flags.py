@@ -16,6 +16,7 @@ from .sampling_flags import add_sampling_flags, check_sampling_flags, sampling_f
 _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
 
 
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")
 _ON, _OFF, _AUTO = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"), ("auto", "-1")
 
 # llama-server flags for what ggserve does not do: refused by name (not "unrecognized arguments")
@@ -99,6 +100,14 @@ def add_llama_flags(p) -> None:
     p.add_argument("--cache-idle-slots", "--no-cache-idle-slots", nargs=0, action=_Accepted,
                    help="accepted for llama-server compatibility: an idle slot's prompt goes to the host-RAM "
                         "cache when a running sequence needs its KV cells (with --cache-ram), never before")
+    p.add_argument("-lm", "--load-mode", choices=LOAD_MODES, default="auto", metavar="MODE",
+                   help="how the weights are loaded, as llama-server's: auto or mmap: memory-mapped from the "
+                        "file; none or dio: read into memory; mlock: read and kept in RAM; mmap+mlock: "
+                        "mapped and kept in RAM (where the system refuses to lock them: a warning)")
+    p.add_argument("--mlock", action="store_true",
+                   help="kept in RAM (earlier llama-server's spelling of --load-mode mmap+mlock)")
+    p.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
+                   help="--no-mmap: read into memory (earlier llama-server's spelling of --load-mode none)")
     p.add_argument("--swa-full", action="store_true",
                    help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
 
@@ -136,8 +145,10 @@ def reasoning_kwargs(args) -> dict:
 
 def llama_flag_settings(args) -> dict:
     """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
-    (llama-server's common/arg.cpp)."""
-    return {"embeddings": bool(args.embeddings or args.reranking),
+    (llama-server's common/arg.cpp); dio (direct I/O "if available") reads as none does."""
+    use_mmap = args.load_mode in ("auto", "mmap", "mmap+mlock") and args.mmap is not False
+    return {"use_mmap": use_mmap, "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
+            "embeddings": bool(args.embeddings or args.reranking),
             "pooling": "rank" if args.reranking else args.pooling,
             "sleep_idle_seconds": args.sleep_idle_seconds}
 

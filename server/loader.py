@@ -4,6 +4,7 @@ cannot be loaded raises ModelError naming it."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 
@@ -17,6 +18,7 @@ from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.cpu_topology import default_threads
 from ggserve.server.kernel_parity import SGEMM_TYPES, TILED_TYPES
 
+log = logging.getLogger("ggserve.loader")
 
 def assign_layers(n_layer: int, n_gpu_layers: int, devices: list, cpu, tensor_split=()) -> list:
     """The device of each of the n_layer blocks and of the output layer (last), by
@@ -53,7 +55,8 @@ def _free_memory(device, cpu) -> float:
 class LoadedModel:
     def __init__(self, model_path: str, *, n_threads: int = 0, n_gpu_layers: int = 0, n_parallel: int = 1,
                  chat_template: str | None = None, mmproj: str | None = None,
-                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = ()):
+                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
+                 use_mmap: bool = True, mlock: bool = False):
         self.path = os.fspath(model_path)
         self.gguf = GGUFFile(self.path)
         meta = self.gguf.metadata
@@ -71,7 +74,13 @@ class LoadedModel:
         self.device_of_layer = layer_devices.__getitem__
         matmul_names = matmul_weight_names(self.gguf.tensors)
         self.weights = self.backend.load_weights(self.gguf, self._tensor_placement(layer_devices),
-                                                 repack=matmul_names)
+                                                 repack=matmul_names, use_mmap=use_mmap)
+        if mlock:
+            for buf in self.weights.values():
+                try:
+                    buf.lock()
+                except OSError as e:     # as llama.cpp: a warning, the model still serves
+                    log.warning("--mlock: %s: %s (raise the memlock limit: ulimit -l)", self.path, e.strerror)
         if not layer_devices[n_layer].is_cpu:
             self._duplicate_tied_output(layer_devices[n_layer])
         tensors = {}
