@@ -13,8 +13,9 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import (FlagParser, add_llama_flags, check_llama_flags, llama_flag_settings,
+from ggserve.server.llama_flags import (FlagParser, add_llama_flags, api_keys, check_llama_flags, llama_flag_settings,
                                         llama_argv, reasoning_kwargs, sampling_defaults, tags)
+from ggserve.server.log_flags import setup_logging
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
@@ -296,7 +297,7 @@ def config_from_args(args):
         cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, n_threads=args.threads, n_threads_batch=args.threads_batch,
         n_gpu_layers=args.n_gpu_layers,
         rpc=rpc, tensor_split=split,
-        api_keys=[k.strip() for k in (args.api_key or "").split(",") if k.strip()],
+        api_keys=api_keys(args),
         metrics=bool(args.metrics),
         cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
         max_queue=args.max_queue, chat_template_file=args.chat_template_file,
@@ -320,8 +321,7 @@ def config_from_args(args):
 
 def serve(argv: list[str]) -> int:
     args = serve_parser().parse_args(llama_argv(argv))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_kw = setup_logging(args)
     cfg = config_from_args(args)
     if cfg.rpc:
         from ggserve.native import ggml
@@ -341,12 +341,12 @@ def serve(argv: list[str]) -> int:
 
     app = create_app(cfg)
     args.port = gcp_api.port(args.port)       # AIP_HTTP_PORT, in Vertex AI's prediction mode
-    print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
-          f"(model loads in the background; GET /health says when ready)", flush=True)
-    if cfg.webui:
-        print(f"ggserve: chat page at http://{args.host}:{args.port}/", flush=True)
-    level = "debug" if args.verbose else "info"
-    if not run(app, host=args.host, port=args.port, log_level=level, shutdown_timeout=args.shutdown_timeout):
+    if not args.log_disable:
+        print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
+              f"(model loads in the background; GET /health says when ready)", flush=True)
+        if cfg.webui:
+            print(f"ggserve: chat page at http://{args.host}:{args.port}/", flush=True)
+    if not run(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout, **log_kw):
         return 1                  # the model did not load (shutdown.run said why)
     if cfg.rpc:
         from ggserve.native import ggml

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import socket
 
+from .log_flags import add_log_flags
 from .sampling_flags import add_sampling_flags, check_sampling_flags, sampling_flag_defaults
 
 _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
@@ -75,6 +76,7 @@ def add_llama_flags(p) -> None:
                    metavar="on|off|auto", help="thinking: on/off sets the template's enable_thinking for "
                    "every request (a request's chat_template_kwargs win); auto: as the template does")
     add_sampling_flags(p)
+    add_log_flags(p)
     p.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
                    help="default seed of requests that give none (-1: random, the default)")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N", dest="n_predict",
@@ -108,6 +110,17 @@ def add_llama_flags(p) -> None:
                    help="kept in RAM (earlier llama-server's spelling of --load-mode mmap+mlock)")
     p.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
                    help="--no-mmap: read into memory (earlier llama-server's spelling of --load-mode none)")
+    p.add_argument("--api-key-file", metavar="FNAME",
+                   help="API keys, one per line (a line starting with # is a comment), as llama-server; "
+                        "with --api-key, the keys of both are accepted")
+    p.add_argument("--warmup", "--no-warmup", nargs=0, action=_Accepted,
+                   help="accepted for llama-server compatibility: ggserve runs no warm-up decode at start")
+    p.add_argument("--threads-http", type=int, default=None, metavar="N",
+                   help="accepted for llama-server compatibility: one event loop serves HTTP")
+    p.add_argument("--perf", "--no-perf", nargs=0, action=_Accepted,
+                   help="accepted for llama-server compatibility: responses always carry their timings")
+    p.add_argument("-e", "--escape", "--no-escape", nargs=0, action=_Accepted,
+                   help="accepted for llama-server compatibility: escapes are for prompts on a command line")
     p.add_argument("--swa-full", action="store_true",
                    help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
 
@@ -130,6 +143,18 @@ def check_llama_flags(args) -> None:
         raise SystemExit("ggserve serve: --sleep-idle-seconds must be >= 1, or -1 (never sleep)")
     if args.n_predict < -1:
         raise SystemExit("ggserve serve: --n-predict must be >= 0, or -1 (until the context)")
+
+
+def api_keys(args) -> list[str]:
+    """--api-key (comma-separated) and the lines of --api-key-file, as llama-server reads them."""
+    keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()]
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                keys += [line.rstrip("\r\n") for line in f if line.strip() and not line.startswith("#")]
+        except OSError as e:
+            raise SystemExit(f"ggserve serve: --api-key-file: cannot read {args.api_key_file}: {e.strerror}")
+    return keys
 
 
 def tags(args) -> tuple[str, ...]:

@@ -73,10 +73,11 @@ class Server(uvicorn.Server):
         self.should_exit = True
 
 
-def run(app, *, host: str, port: int, log_level: str, shutdown_timeout: float) -> bool:
-    """Serve until shut down. False when the model (or mmproj) failed to load, said on stderr."""
+def run(app, *, host: str, port: int, log_level: str, shutdown_timeout: float, **uvicorn_kw) -> bool:
+    """Serve until shut down. False when the model (or mmproj) failed to load, said on stderr.
+    uvicorn_kw: how uvicorn logs (server/log_flags.py)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=int(FLUSH_SECONDS))
+                            timeout_graceful_shutdown=int(FLUSH_SECONDS), **uvicorn_kw)
     server = Server(config, app.state.service, shutdown_timeout)
     if "," in host:                       # llama-server's --host 127.0.0.1,::1: several addresses
         from .llama_flags import bind_sockets
