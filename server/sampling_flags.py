@@ -49,7 +49,8 @@ def add_sampling_flags(p) -> None:
         for t in tuning:
             if t in aliases:
                 continue
-            p.add_argument(t, nargs=1, action=_Accepted, help=f"accepted: tunes {flag}, which is off here")
+            p.add_argument(t, nargs=1, action=_Accepted, metavar="VALUE",
+                           help=f"accepted: tunes {flag}, which is off here")
 
 
 class _Accepted(argparse.Action):
