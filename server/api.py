@@ -61,15 +61,18 @@ class API:
     def aliases(self) -> list[str]:
         return sorted({a.strip() for a in (self.cfg.alias or "").split(",") if a.strip()})
 
-    def check_fields(self, req: S._Sampling) -> None:
-        """Any `model` is accepted, as llama-server does (one model is served; SDKs and
-        tools ship names such as gpt-4o-mini). llama.cpp fields this server does not
-        do are refused by name rather than ignored."""
+    def settle_fields(self, req: S._Sampling) -> None:
+        """A request's fields as this server takes them. Any `model` is accepted, as
+        llama-server does (one model is served; SDKs and tools ship names such as
+        gpt-4o-mini). llama.cpp fields this server does not do are refused by name
+        rather than ignored. A request that leaves ignore_eos out takes --ignore-eos."""
         bad = req.unsupported()
         if bad:
             raise invalid(f"{bad} is not supported by this server", param=bad)
         if not -1 <= req.id_slot < self.cfg.n_parallel:     # (llama-server would wait forever)
             raise invalid(f"id_slot must be -1 (any) or a slot below {self.cfg.n_parallel}", param="id_slot")
+        if "ignore_eos" not in req.model_fields_set:        # --ignore-eos: the default of requests
+            req.ignore_eos = bool(getattr(self.cfg, "ignore_eos", False))
 
     @property
     def grammars(self):

@@ -122,7 +122,7 @@ async def chat_input_tokens(api: API, request: Request) -> Response:
 async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
     """A chat request -> its queued Job: the one generation path that
     /v1/chat/completions, /v1/responses and /v1/messages share."""
-    api.check_fields(req)
+    api.settle_fields(req)
     api.check_n(req.n)
     if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
         req.logprobs, req.top_logprobs = True, req.n_probs
@@ -244,7 +244,7 @@ def completion_prompts(api: API, req: S.CompletionRequest) -> list[list[int]]:
 
 async def completions(api: API, request: Request) -> Response:
     req = S.CompletionRequest.model_validate(await api.json_body(request))
-    api.check_fields(req)
+    api.settle_fields(req)
     api.check_n(req.n)
     if req.n_probs and req.logprobs is None:
         req.logprobs = req.n_probs

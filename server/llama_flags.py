@@ -110,6 +110,9 @@ def add_llama_flags(p) -> None:
                    help="kept in RAM (earlier llama-server's spelling of --load-mode mmap+mlock)")
     p.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
                    help="--no-mmap: read into memory (earlier llama-server's spelling of --load-mode none)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="requests that leave ignore_eos out ignore the end of generation (and generate "
+                        "up to their limit), as llama-server")
     p.add_argument("--api-key-file", metavar="FNAME",
                    help="API keys, one per line (a line starting with # is a comment), as llama-server; "
                         "with --api-key, the keys of both are accepted")
@@ -172,7 +175,8 @@ def llama_flag_settings(args) -> dict:
     """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
     (llama-server's common/arg.cpp); dio (direct I/O "if available") reads as none does."""
     use_mmap = args.load_mode in ("auto", "mmap", "mmap+mlock") and args.mmap is not False
-    return {"use_mmap": use_mmap, "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
+    return {"ignore_eos": args.ignore_eos, "use_mmap": use_mmap,
+            "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
             "embeddings": bool(args.embeddings or args.reranking),
             "pooling": "rank" if args.reranking else args.pooling,
             "sleep_idle_seconds": args.sleep_idle_seconds}

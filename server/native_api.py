@@ -164,7 +164,7 @@ def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
 
 async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]]) -> tuple[Job, list]:
     """The job, and the sampling parameters of a prompt's n_choices answers."""
-    api.check_fields(req)
+    api.settle_fields(req)
     bad = req.refused()
     if bad:
         raise invalid(f"{bad} is not supported by this server", param=bad)

@@ -63,3 +63,13 @@ def test_a_bad_sampling_flag_stops_the_server_naming_it(smollm2_path, argv, mess
     with pytest.raises(SystemExit) as e:
         check_llama_flags(serve_parser().parse_args(["-m", smollm2_path, *argv]))
     assert message in str(e.value)
+
+
+def test_ignore_eos_flag_is_the_default_of_requests_that_leave_it_out(smollm2_path):
+    args = serve_parser().parse_args(["-m", smollm2_path, "--ignore-eos", "-c", "512", "-np", "1", "-t", "1"])
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40, "temperature": 0}
+    with RunningServer(create_app(config_from_args(args))) as s:
+        flagged = httpx.post(s.url + "/v1/chat/completions", json=chat, timeout=120).json()
+        explicit = httpx.post(s.url + "/v1/chat/completions", json={**chat, "ignore_eos": False}, timeout=120).json()
+    assert (flagged["choices"][0]["finish_reason"], flagged["usage"]["completion_tokens"]) == ("length", 40)
+    assert explicit["choices"][0]["finish_reason"] == "stop" and explicit["usage"]["completion_tokens"] < 40
