@@ -136,11 +136,13 @@ def chat_options(req, cfg, template_source: str) -> ChatOptions:
                       param="response_format")
     if asked:
         opts.grammar_kind, opts.grammar_text = asked[0]
+    elif not tools and getattr(cfg, "default_grammar", None):      # --grammar / --json-schema
+        opts.grammar_kind, opts.grammar_text = cfg.default_grammar
     return opts
 
 
-def completion_options(req) -> ChatOptions:
-    """/v1/completions: llama-server's json_schema or grammar field."""
+def completion_options(req, cfg) -> ChatOptions:
+    """/v1/completions: llama-server's json_schema or grammar field (else --grammar / --json-schema)."""
     opts = ChatOptions(None)
     if req.json_schema is not None and req.grammar:
         raise invalid("give json_schema or grammar, not both", param="grammar")
@@ -148,6 +150,8 @@ def completion_options(req) -> ChatOptions:
         opts.grammar_kind, opts.grammar_text = "json_schema", req.json_schema
     elif req.grammar:
         opts.grammar_kind, opts.grammar_text = "gbnf", req.grammar
+    elif getattr(cfg, "default_grammar", None):
+        opts.grammar_kind, opts.grammar_text = cfg.default_grammar
     return opts
 
 

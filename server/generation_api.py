@@ -254,7 +254,7 @@ async def completions(api: API, request: Request) -> Response:
     want_lp = req.logprobs is not None
     k = req.logprobs or 0
     params = api.sampling(req, max(k, 1) if want_lp else 0, req.n)
-    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
+    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req, api.cfg))
     for p in params:
         p.grammar = grammar
     per_choice = [p for p in prompts for _ in range(req.n)]

@@ -69,7 +69,8 @@ class Grammars:
         from llguidance import LLMatcher, grammar_from
         try:
             if kind == "json_schema":
-                src = grammar_from("json_schema", text if isinstance(text, str) else json.dumps(text))
+                schema = json.loads(text) if isinstance(text, str) else text
+                src = grammar_from("json_schema", json.dumps(closed_objects(schema)))
             else:
                 src = grammar_from("gbnf" if kind == "gbnf" else "lark", text)
         except (ValueError, TypeError) as e:
@@ -85,6 +86,32 @@ class Grammars:
         if tid is not None and self.tokenizer.is_special(tid):
             return f"<[{tid}]>"
         return json.dumps(text)
+
+
+# where a schema nests other schemas: one schema under each key of the first kind, a list
+# of them under the second, a name -> schema map under the third
+_ONE, _LIST, _MAP = ("items", "additionalProperties", "not", "if", "then", "else"), \
+    ("prefixItems", "anyOf", "oneOf", "allOf", "items"), ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed_objects(schema):
+    """The schema as llama.cpp reads it: an object schema that lists `properties` and says
+    nothing of `additionalProperties` takes no other keys (common/json-schema.cpp; JSON
+    Schema itself would allow them, and llguidance does)."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _ONE + _LIST:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = closed_objects(out[key])
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
+    return out
 
 
 class Grammar:

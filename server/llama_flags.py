@@ -12,7 +12,7 @@ import argparse
 import socket
 
 from .log_flags import add_log_flags
-from .sampling_flags import add_sampling_flags, check_sampling_flags, sampling_flag_defaults
+from .sampling_flags import add_sampling_flags, check_sampling_flags, default_grammar, sampling_flag_defaults
 
 _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
 
@@ -175,7 +175,7 @@ def llama_flag_settings(args) -> dict:
     """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
     (llama-server's common/arg.cpp); dio (direct I/O "if available") reads as none does."""
     use_mmap = args.load_mode in ("auto", "mmap", "mmap+mlock") and args.mmap is not False
-    return {"ignore_eos": args.ignore_eos, "use_mmap": use_mmap,
+    return {"ignore_eos": args.ignore_eos, "default_grammar": default_grammar(args), "use_mmap": use_mmap,
             "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
             "embeddings": bool(args.embeddings or args.reranking),
             "pooling": "rank" if args.reranking else args.pooling,

@@ -171,7 +171,7 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     n = req.n_choices
     api.check_n(n)
     params = api.sampling(req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
-    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req))
+    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req, api.cfg))
     for p in params:
         p.grammar = grammar
     job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,

@@ -9,6 +9,7 @@ otherwise; their tuning flags change nothing while the sampler is off.
 from __future__ import annotations
 
 import argparse
+import json
 
 # (flags, SamplingParams field, type, llama-server's help)
 DEFAULTS = [
@@ -37,7 +38,49 @@ OFF_ONLY = {"--mirostat": (int, 0, ("--mirostat-lr", "--mirostat-ent")),
             "--top-nsigma": (float, -1.0, ("--top-n-sigma",))}
 
 
+def add_grammar_flags(p) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--grammar", metavar="GRAMMAR",
+                   help="a GBNF grammar that holds every request giving no grammar, schema, response_format "
+                        "or tools of its own, as llama-server")
+    g.add_argument("--grammar-file", metavar="FNAME", help="--grammar, read from a file")
+    g.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="a JSON schema that holds every request giving no grammar, schema, response_format "
+                        "or tools of its own, as llama-server")
+    g.add_argument("-jf", "--json-schema-file", metavar="FNAME", help="--json-schema, read from a file")
+
+
+def default_grammar(args) -> tuple[str, object] | None:
+    """("gbnf", text) or ("json_schema", schema) from the grammar flags, checked; None without them."""
+    text, kind, flag = None, None, None
+    for name, k in (("grammar", "gbnf"), ("grammar_file", "gbnf"), ("json_schema", "json_schema"),
+                    ("json_schema_file", "json_schema")):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        flag, kind = "--" + name.replace("_", "-"), k
+        if name.endswith("_file"):
+            try:
+                with open(value, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as e:
+                raise SystemExit(f"ggserve serve: {flag}: cannot read {value}: {e.strerror}")
+        else:
+            text = value
+    if kind is None:
+        return None
+    from llguidance import grammar_from
+    try:
+        if kind == "json_schema":
+            text = json.loads(text)
+        grammar_from(kind, text if isinstance(text, str) else json.dumps(text))
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"ggserve serve: {flag}: not a valid {'JSON schema' if kind == 'json_schema' else 'grammar'}: {e}")
+    return kind, text
+
+
 def add_sampling_flags(p) -> None:
+    add_grammar_flags(p)
     for flags, field, typ, text in DEFAULTS:
         p.add_argument(*flags, type=typ, default=None, metavar="N", dest=f"sampling_{field}",
                        help=f"default of requests that give none: {text}")
