@@ -11,25 +11,13 @@ from __future__ import annotations
 import json
 
 from . import chat_output as co
-
-
-def closed(schema):
-    """A tool's parameter schema with objects closed to properties it does not name
-    (additionalProperties false where unset), so a forced call has only the tool's
-    arguments, as OpenAI's strict function calling."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: closed(v) for k, v in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema:
-        out["additionalProperties"] = False
-    return out
+from .grammar import closed_objects
 
 
 def _call_schema(fmt: co.Format, name: str, params: dict, args_key: str = "arguments") -> dict:
-    return {"type": "object", "properties": {"name": {"const": name}, args_key: closed(params) or {"type": "object"}},
-            "required": ["name", args_key]}
+    # a forced call carries only its tool's arguments (objects closed as llama.cpp reads schemas)
+    args = closed_objects(params) or {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": name}, args_key: args}, "required": ["name", args_key]}
 
 
 def _json(schema) -> str:
@@ -79,7 +67,7 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
                 tail = f" \"\\n```\" {lit('<｜tool▁call▁end｜>')}"
             elif fmt.call_close:
                 tail = f" {lit(fmt.call_close)}"
-            alts.append(f"{head} {_json(closed(schemas[n]) or {'type': 'object'})}{tail}")
+            alts.append(f"{head} {_json(closed_objects(schemas[n]) or {'type': 'object'})}{tail}")
         rules.append("call: " + " | ".join(f"({a})" for a in alts))
         sep = ""
         if fmt.block_open:
@@ -87,7 +75,7 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
             return "\n".join([f"start: {lit(fmt.block_open)} {body} {lit(fmt.block_close)}"] + rules)
     elif isinstance(fmt, co.Harmony):
         alts = [f"{lit('<|channel|>')} \"commentary to=functions.{n} \" {lit('<|constrain|>')} \"json\" "
-                f"{lit('<|message|>')} {_json(closed(schemas[n]) or {'type': 'object'})}" for n in names]
+                f"{lit('<|message|>')} {_json(closed_objects(schemas[n]) or {'type': 'object'})}" for n in names]
         return "start: " + " | ".join(f"({a})" for a in alts)
     else:
         return None
@@ -162,7 +150,7 @@ def _param(lit, fmt, key: str, schema: dict, rule: str) -> str:
         pattern = "/(.|\\n)*" + close.replace("/", "\\/").replace("\n", "\\n") + "/"
         return f"{head} {rule}_text{tail}\n{rule}_text[lazy]: {pattern}"
     closer = lit(close.strip()) if close.strip() == close else f'"{json.dumps(close)[1:-1]}"'
-    return f'{head} %json {json.dumps(closed(schema) or {})} {closer}{tail}'
+    return f'{head} %json {json.dumps(closed_objects(schema) or {})} {closer}{tail}'
 
 
 def _gemma4_value(schema: dict) -> str:

@@ -41,3 +41,20 @@ def post_cases(url: str, cases: dict) -> dict:
         r = httpx.post(url + path, json=body, timeout=600)
         out[name] = {"path": path, "request": body, "status": r.status_code, "response": r.json()}
     return out
+
+
+def record(here: str, args: list[str], url: str, cases: dict, **extra) -> None:
+    """A recording script's main: llama-server (`--llama-server PATH` on the command line) on
+    SmolLM2 with args (listening at url), each case replayed, here/reference.json written with
+    the command, the answers and `extra`."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-server", required=True)
+    binary = ap.parse_args().llama_server
+    with llama_server([binary, "-m", smollm2_path(), *args], url) as running:
+        out = {**extra, "command": ["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf", *args],
+               "cases": post_cases(running, cases)}
+    with open(os.path.join(here, "reference.json"), "w") as f:
+        json.dump(out, f, indent=1, sort_keys=True)

