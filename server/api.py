@@ -74,6 +74,10 @@ class API:
         if "ignore_eos" not in req.model_fields_set:        # --ignore-eos: the default of requests
             req.ignore_eos = bool(getattr(self.cfg, "ignore_eos", False))
 
+    def n_keep(self, req) -> int:
+        """llama-server's n_keep (what a context shift keeps of the prompt): the request's, else --keep."""
+        return req.n_keep if "n_keep" in req.model_fields_set else getattr(self.cfg, "n_keep", 0)
+
     @property
     def grammars(self):
         """Grammar compiler for the model's vocabulary."""

@@ -90,6 +90,7 @@ class ServerConfig:
     max_body_bytes: int = 64 * 2**20          # --max-body-mb: larger request bodies get 413
     sampling_defaults: dict = field(default_factory=dict)   # --temp, --top-k, ..., --seed: a request's defaults
     ignore_eos: bool = False                  # --ignore-eos: a request's default
+    n_keep: int = 0                           # --keep: what a context shift keeps of a prompt
     default_grammar: tuple | None = None      # --grammar / --json-schema: (kind, text), a request's default
     verbose: bool = False                     # -v: chat answers carry __verbose unless a request says not
     tags: tuple[str, ...] = ()                # --tags: shown in /v1/models

@@ -80,7 +80,7 @@ class Engine:
         self.context_shift = context_shift and context_shift_supported(self.model, self.memory, self.vision)
         if context_shift and not self.context_shift:
             log.warning("context shift is not supported by this model (or with a projector): disabled")
-        self.n_keep = 1 if self.tokenizer.vocab.add_bos else 0      # the BOS token stays (llama-server)
+        self.n_bos = 1 if self.tokenizer.vocab.add_bos else 0       # a context shift keeps it (llama-server)
         self.parity = KernelParity(kernel_parity, lm.kernel_of,
                                    self.kv.has_swa or self.memory.recurrent is not None)
         self.encoder = ImageEncoder(self.vision, lm.device_of_layer(0), self.n_threads) if self.vision else None
@@ -150,7 +150,8 @@ class Engine:
         events = self._admit() + self._collect_tile()
         if self.context_shift:
             events += [self._end(s, None, "length") for s in list(self.scheduler.running)
-                       if not shift_context(s, self.memory, self.model, self.n_ctx, self.n_keep)]
+                       if not shift_context(s, self.memory, self.model, self.n_ctx, self.n_bos + (
+                           s.n_prompt if s.request.n_keep < 0 else s.request.n_keep))]
         if self.spec.on:
             self.spec.propose([s for s in self.scheduler.running if not s.prefilling and s.n_pending == 1
                                and s.pool is None], self.n_ctx, self.scheduler.decode_cost.fit())

@@ -134,7 +134,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
     for p in params:
         p.grammar = grammar
     fmt = opts.syntax or Format()
-    return await api.service.submit([prompt] * req.n, params, req.limit,
+    return await api.service.submit([prompt] * req.n, params, req.limit, n_keep=api.n_keep(req),
                                     ignore_eos=req.ignore_eos, stops=req.stop,
                                     output=opts.output(prompt.text), id_slot=req.id_slot,
                                     progress=req.stream and req.return_progress,
@@ -259,7 +259,8 @@ async def completions(api: API, request: Request) -> Response:
         p.grammar = grammar
     per_choice = [p for p in prompts for _ in range(req.n)]
     job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
-                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot)
+                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
+                                    n_keep=api.n_keep(req))
     rid, created, model = S.new_id("cmpl"), S.now(), api.model_id()
     tok = api.engine.tokenizer
     echo = [tok.decode(p) if req.echo else "" for p in per_choice]

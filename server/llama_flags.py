@@ -110,6 +110,9 @@ def add_llama_flags(p) -> None:
                    help="kept in RAM (earlier llama-server's spelling of --load-mode mmap+mlock)")
     p.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
                    help="--no-mmap: read into memory (earlier llama-server's spelling of --load-mode none)")
+    p.add_argument("--keep", type=int, default=0, metavar="N",
+                   help="prompt tokens a context shift keeps after the BOS, for requests that give no n_keep "
+                        "(default: 0, -1: the whole prompt), as llama-server")
     p.add_argument("--ignore-eos", action="store_true",
                    help="requests that leave ignore_eos out ignore the end of generation (and generate "
                         "up to their limit), as llama-server")
@@ -144,6 +147,8 @@ def check_llama_flags(args) -> None:
         raise SystemExit("ggserve serve: --seed must be >= 0, or -1 (random)")
     if args.sleep_idle_seconds == 0 or args.sleep_idle_seconds < -1:
         raise SystemExit("ggserve serve: --sleep-idle-seconds must be >= 1, or -1 (never sleep)")
+    if args.keep < -1:
+        raise SystemExit("ggserve serve: --keep must be >= 0, or -1 (the whole prompt)")
     if args.n_predict < -1:
         raise SystemExit("ggserve serve: --n-predict must be >= 0, or -1 (until the context)")
 
@@ -175,7 +180,7 @@ def llama_flag_settings(args) -> dict:
     """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
     (llama-server's common/arg.cpp); dio (direct I/O "if available") reads as none does."""
     use_mmap = args.load_mode in ("auto", "mmap", "mmap+mlock") and args.mmap is not False
-    return {"ignore_eos": args.ignore_eos, "default_grammar": default_grammar(args), "use_mmap": use_mmap,
+    return {"ignore_eos": args.ignore_eos, "n_keep": args.keep, "default_grammar": default_grammar(args), "use_mmap": use_mmap,
             "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
             "embeddings": bool(args.embeddings or args.reranking),
             "pooling": "rank" if args.reranking else args.pooling,

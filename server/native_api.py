@@ -126,7 +126,7 @@ def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
         "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
         "stop": req.stop or [], "max_tokens": req.limit if req.limit is not None else api.cfg.n_predict,
         "n_predict": req.limit if req.limit is not None else api.cfg.n_predict,      # else -n's
-        "n_keep": req.n_keep, "n_discard": 0,
+        "n_keep": api.n_keep(req), "n_discard": 0,
         "ignore_eos": req.ignore_eos, "stream": req.stream,
         # llama-server's {bias, token}; a ban (-inf) prints as null, as its JSON library writes it
         "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in p.logit_bias.items()],
@@ -175,6 +175,7 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     for p in params:
         p.grammar = grammar
     job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
+                                   n_keep=api.n_keep(req),
                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
                                    progress=req.stream and req.return_progress)
     return job, params

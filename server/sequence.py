@@ -27,6 +27,7 @@ class Request:
     embed: bool = False
     id_slot: int = -1          # llama-server's id_slot: the slot it takes when that one is free
     progress: bool = False     # report prompt processing as it goes (llama-server's return_progress)
+    n_keep: int = 0            # prompt tokens a context shift keeps after the BOS (llama-server's; -1: all)
 
 
 @dataclass

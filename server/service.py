@@ -30,7 +30,8 @@ log = logging.getLogger("ggserve.server")
 # worker was lost, and how often an idle engine asks its workers (so /health knows)
 WATCH_SECONDS = 0.25
 HEARTBEAT_SECONDS = 2.0
-# how stale the engine gauges of /metrics may grow while requests run (_dispatch)
+# the engine gauges of /metrics are read as a request starts or ends, else at most this
+# often (_dispatch): after every step they cost the event loop ~80 us a token
 STATS_EVERY_SECONDS = 0.1
 
 
@@ -95,12 +96,7 @@ class Service:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        err = APIError(503, "Server is shutting down")
-        for job, fut in self._adds:
-            if not fut.done():
-                fut.set_exception(err)
-        for job, _ in self._live.values():
-            job.queue.put_nowait(err)
+        self.end_all(APIError(503, "Server is shutting down"))
         self._adds.clear()
         self._live.clear()
         loop = asyncio.get_running_loop()
@@ -137,8 +133,7 @@ class Service:
             self.prompts = self._make_prompts(self.engine)
             from .grammar import Grammars
             self.grammars = Grammars(self.engine.tokenizer)
-            # llguidance's copy of the vocabulary (~1 s for 150k tokens), built before
-            # the first request with a schema needs it
+            # llguidance's vocabulary (~1 s for 150k tokens), built before a schema needs it
             self._prompt_executor.submit(lambda: self.grammars.ll_tokenizer)
         except Exception as e:
             log.exception("failed to load the model")
@@ -170,13 +165,13 @@ class Service:
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
                      output: Callable[[], Any] | None = None, show_tokens=frozenset(),
-                     embed: bool = False, id_slot: int = -1, progress: bool = False) -> Job:
+                     embed: bool = False, id_slot: int = -1, progress: bool = False, n_keep: int = 0) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad request,
         queue full). output() makes each choice's ChatOutput (reasoning and tool
         calls); show_tokens: control tokens whose text the output keeps (their markers);
         id_slot: the slot the first prompt takes when it is free (llama-server's children take any);
-        progress: report prompt processing (Delta.progress)."""
+        progress: report prompt processing (Delta.progress); n_keep: what a context shift keeps."""
         self._check_usable()
         if max_tokens is None and not embed:
             max_tokens = self.default_max_tokens          # -n (-1: until the context)
@@ -205,10 +200,7 @@ class Service:
                 extra["turn_starts"] = tuple(p.turn_starts)
             if p.positions is not None:
                 extra["positions"] = p.positions
-            if embed:
-                extra["embed"] = True
-            if progress:
-                extra["progress"] = True
+            extra.update({k: v for k, v in (("embed", embed), ("progress", progress), ("n_keep", n_keep)) if v})
             if id_slot >= 0 and not requests:
                 extra["id_slot"] = id_slot
             requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens),
@@ -378,9 +370,6 @@ class Service:
                 job.queue.put_nowait(APIError(500, ev.error, code="server_error"))
                 continue
             job.queue.put_nowait((index, ev))
-        # the gauges follow every request's first token and end; between those a step's
-        # tokens move them a little, and reading the engine's stats after each step cost
-        # the event loop ~80 us a token while ggml's threads wanted its core
         if started_or_ended or now - self._stats_at >= STATS_EVERY_SECONDS:
             self._update_stats()
 

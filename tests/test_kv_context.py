@@ -112,3 +112,32 @@ def test_a_long_conversation_with_default_flags(smollm2_path):
     assert (props["default_generation_settings"]["n_ctx"], props["total_slots"]) == (8192, 4)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] > 3000
+
+
+KEEP = json.loads((DATA / "context_shift_keep.json").read_text())
+
+
+@pytest.mark.parametrize("case,n_keep", [("flag", 8), ("request_n_keep_100", 100)])
+def test_context_shift_keeps_n_keep_tokens_as_llama_server(smollm2_path, case, n_keep):
+    """--keep / n_keep: the first n_keep tokens stay through every shift (llama-server's --keep 8,
+    and a request's n_keep 100); the tokens equal its recorded answers."""
+    e = Engine(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2, context_shift=True)
+    try:
+        events = generate_requests(e, [Request("s", KEEP["prompt_ids"], GREEDY, max_tokens=KEEP["n_predict"],
+                                               ignore_eos=True, n_keep=n_keep)])["s"]
+        assert tokens(events) == KEEP["cases"][case]["generated_ids"]
+    finally:
+        e.close()
+
+
+def test_keep_flag_is_the_n_keep_of_requests_that_give_none(smollm2_path):
+    from ggserve.server.app import create_app
+    from server_harness import RunningServer
+
+    args = serve_parser().parse_args(["-m", smollm2_path, *KEEP["llama_server_args"]])
+    with RunningServer(create_app(config_from_args(args))) as s:
+        r = httpx.post(s.url + "/completion", timeout=300, json={
+            "prompt": KEEP["prompt_ids"], "n_predict": KEEP["n_predict"], "temperature": 0, "ignore_eos": True,
+            "return_tokens": True, "cache_prompt": False}).json()
+    assert r["generation_settings"]["n_keep"] == KEEP["cases"]["flag"]["n_keep"] == 8
+    assert r["tokens"] == KEEP["cases"]["flag"]["generated_ids"]

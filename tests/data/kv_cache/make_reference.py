@@ -64,7 +64,30 @@ def context_shift(binary, model):
         proc.kill()
 
 
+def context_shift_keep(binary, model):
+    """--keep 8: a request without n_keep keeps 8 prompt tokens through each shift, one with
+    n_keep 100 keeps 100 (of the prompt and what followed it)."""
+    args = ["-c", "256", "-np", "1", "-t", "1", "--context-shift", "--keep", "8"]
+    proc, url = serve(binary, model, args)
+    try:
+        toks = httpx.post(url + "/tokenize", json={"content": SHIFT_TEXT, "add_special": False}).json()["tokens"]
+        out = {"llama_server_args": args, "prompt_ids": toks, "n_predict": 300, "cases": {}}
+        for name, extra in (("flag", {}), ("request_n_keep_100", {"n_keep": 100})):
+            r = httpx.post(url + "/completion", json={
+                "prompt": toks, "n_predict": 300, "temperature": 0, "ignore_eos": True,
+                "return_tokens": True, "cache_prompt": False, **extra}, timeout=600).json()
+            out["cases"][name] = {"request": extra, "generated_ids": r["tokens"],
+                                  "n_keep": r["generation_settings"]["n_keep"]}
+        return out
+    finally:
+        proc.kill()
+
+
 if __name__ == "__main__":
+    if sys.argv[3:] == ["keep"]:       # only context_shift_keep.json
+        binary, model = sys.argv[1], sys.argv[2]
+        (HERE / "context_shift_keep.json").write_text(json.dumps(context_shift_keep(binary, model)))
+        sys.exit()
     binary, model = sys.argv[1], sys.argv[2]
     for kv_type in ("q8_0", "q4_0"):
         (HERE / f"{kv_type}.json").write_text(json.dumps(quantized(binary, model, kv_type)))
