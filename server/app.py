@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from . import anthropic_api, chat_page, gcp_api, native_api, responses_api, stream_resume
+from .api_prefix import ApiPrefix
 from .api import API, is_poll
 from .embeddings_api import embeddings_native, embeddings_oai
 from .errors import APIError, exception_handlers, to_api_error
@@ -91,6 +92,7 @@ class ServerConfig:
     sampling_defaults: dict = field(default_factory=dict)   # --temp, --top-k, ..., --seed: a request's defaults
     ignore_eos: bool = False                  # --ignore-eos: a request's default
     n_keep: int = 0                           # --keep: what a context shift keeps of a prompt
+    api_prefix: str = ""                      # --api-prefix: "" or "/name": every path under it
     default_grammar: tuple | None = None      # --grammar / --json-schema: (kind, text), a request's default
     verbose: bool = False                     # -v: chat answers carry __verbose unless a request says not
     tags: tuple[str, ...] = ()                # --tags: shown in /v1/models
@@ -219,6 +221,8 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     if cfg.cors_origins:
         middleware.append(Middleware(CORS, origins=cfg.cors_origins))     # server/cors.py: as llama-server
     middleware.append(Middleware(StreamResume, sessions=sessions))       # server/stream_resume.py
+    if cfg.api_prefix:                                                    # server/api_prefix.py, outermost
+        middleware.insert(0, Middleware(ApiPrefix, prefix=cfg.api_prefix))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers=exception_handlers)
     app.state.service = service

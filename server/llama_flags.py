@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import socket
 
+from .api_prefix import normalized as normalized_prefix
 from .log_flags import add_log_flags
 from .sampling_flags import add_sampling_flags, check_sampling_flags, default_grammar, sampling_flag_defaults
 
@@ -110,6 +111,9 @@ def add_llama_flags(p) -> None:
                    help="kept in RAM (earlier llama-server's spelling of --load-mode mmap+mlock)")
     p.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
                    help="--no-mmap: read into memory (earlier llama-server's spelling of --load-mode none)")
+    p.add_argument("--api-prefix", default="", metavar="PREFIX",
+                   help="serve every endpoint and the chat page under this path (/llama: /llama/v1/models), "
+                        "as llama-server, for a reverse proxy that forwards the prefix")
     p.add_argument("--keep", type=int, default=0, metavar="N",
                    help="prompt tokens a context shift keeps after the BOS, for requests that give no n_keep "
                         "(default: 0, -1: the whole prompt), as llama-server")
@@ -180,7 +184,7 @@ def llama_flag_settings(args) -> dict:
     """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
     (llama-server's common/arg.cpp); dio (direct I/O "if available") reads as none does."""
     use_mmap = args.load_mode in ("auto", "mmap", "mmap+mlock") and args.mmap is not False
-    return {"ignore_eos": args.ignore_eos, "n_keep": args.keep, "default_grammar": default_grammar(args), "use_mmap": use_mmap,
+    return {"ignore_eos": args.ignore_eos, "n_keep": args.keep, "api_prefix": normalized_prefix(args.api_prefix), "default_grammar": default_grammar(args), "use_mmap": use_mmap,
             "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
             "embeddings": bool(args.embeddings or args.reranking),
             "pooling": "rank" if args.reranking else args.pooling,

@@ -61,6 +61,7 @@ class _Sampling(_Model):
     # OpenAI's {"id": bias}, or llama.cpp's [[id, bias]] (bias false: never)
     logit_bias: Union[dict[str, float], list[list[Union[int, float, bool]]], None] = None
     ignore_eos: bool = False
+    n_keep: int = Field(0, ge=-1)       # llama-server's: what a context shift keeps of the prompt (-1: all)
     user: Optional[str] = None
     stream: bool = False
     return_progress: bool = False       # llama-server's: a stream reports prompt processing (prompt_progress)

@@ -14,7 +14,7 @@ import uvicorn
 
 
 class RunningServer:
-    def __init__(self, app, ready_timeout: float = 300.0):
+    def __init__(self, app, ready_timeout: float = 300.0, health_path: str = "/health"):
         self.app = app
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -26,6 +26,7 @@ class RunningServer:
         self._thread = threading.Thread(target=self.server.run,
                                         kwargs={"sockets": [self._sock]}, daemon=True)
         self._ready_timeout = ready_timeout
+        self.health_path = health_path
 
     def __enter__(self) -> "RunningServer":
         self._thread.start()
@@ -34,7 +35,7 @@ class RunningServer:
             if not self._thread.is_alive():
                 raise RuntimeError("server thread died during start-up")
             try:
-                r = httpx.get(self.url + "/health", timeout=2)
+                r = httpx.get(self.url + self.health_path, timeout=2)
                 if r.status_code == 200:
                     return self
                 if r.status_code == 500:

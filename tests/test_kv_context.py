@@ -141,3 +141,15 @@ def test_keep_flag_is_the_n_keep_of_requests_that_give_none(smollm2_path):
             "return_tokens": True, "cache_prompt": False}).json()
     assert r["generation_settings"]["n_keep"] == KEEP["cases"]["flag"]["n_keep"] == 8
     assert r["tokens"] == KEEP["cases"]["flag"]["generated_ids"]
+
+
+def test_a_chat_requests_n_keep_is_read_and_keep_is_the_default(smollm2_path):
+    from ggserve.server.app import ServerConfig, create_app
+    from server_harness import RunningServer
+
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=512, n_parallel=1, n_keep=4))) as s:
+        bad = httpx.post(s.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n_keep": -2})
+        assert bad.status_code == 400 and "n_keep" in bad.text
+        got = httpx.post(s.url + "/completion", timeout=60, json={"prompt": "Hi", "n_predict": 1}).json()
+        assert got["generation_settings"]["n_keep"] == 4
