@@ -13,8 +13,8 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.llama_flags import (FlagParser, add_llama_flags, api_keys, check_llama_flags, llama_flag_settings,
-                                        llama_argv, reasoning_kwargs, sampling_defaults, tags)
+from ggserve.server.llama_flags import (FlagParser, add_llama_flags, api_keys, check_llama_flags,
+                                        llama_flag_settings, llama_argv, reasoning_kwargs, sampling_defaults, tags)
 from ggserve.server.log_flags import setup_logging
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
@@ -294,8 +294,8 @@ def config_from_args(args):
     return ServerConfig(
         model=model, alias=args.alias, n_ctx=args.ctx_size, n_batch=args.batch_size,
         n_parallel=parallel, kv_unified=unified, context_shift=args.context_shift,
-        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, n_threads=args.threads, n_threads_batch=args.threads_batch,
-        n_gpu_layers=args.n_gpu_layers,
+        cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v,
+        n_threads=args.threads, n_threads_batch=args.threads_batch, n_gpu_layers=args.n_gpu_layers,
         rpc=rpc, tensor_split=split,
         api_keys=api_keys(args),
         metrics=bool(args.metrics),

@@ -150,8 +150,7 @@ class Engine:
         events = self._admit() + self._collect_tile()
         if self.context_shift:
             events += [self._end(s, None, "length") for s in list(self.scheduler.running)
-                       if not shift_context(s, self.memory, self.model, self.n_ctx, self.n_bos + (
-                           s.n_prompt if s.request.n_keep < 0 else s.request.n_keep))]
+                       if not shift_context(s, self.memory, self.model, self.n_ctx, self.n_bos)]
         if self.spec.on:
             self.spec.propose([s for s in self.scheduler.running if not s.prefilling and s.n_pending == 1
                                and s.pool is None], self.n_ctx, self.scheduler.decode_cost.fit())

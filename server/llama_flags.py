@@ -184,8 +184,9 @@ def llama_flag_settings(args) -> dict:
     """ServerConfig fields these flags set. --reranking is --embeddings with --pooling rank
     (llama-server's common/arg.cpp); dio (direct I/O "if available") reads as none does."""
     use_mmap = args.load_mode in ("auto", "mmap", "mmap+mlock") and args.mmap is not False
-    return {"ignore_eos": args.ignore_eos, "n_keep": args.keep, "api_prefix": normalized_prefix(args.api_prefix), "default_grammar": default_grammar(args), "use_mmap": use_mmap,
-            "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
+    return {"ignore_eos": args.ignore_eos, "n_keep": args.keep, "api_prefix": normalized_prefix(args.api_prefix),
+            "default_grammar": default_grammar(args),
+            "use_mmap": use_mmap, "mlock": args.mlock or args.load_mode in ("mlock", "mmap+mlock"),
             "embeddings": bool(args.embeddings or args.reranking),
             "pooling": "rank" if args.reranking else args.pooling,
             "sleep_idle_seconds": args.sleep_idle_seconds}

@@ -20,6 +20,7 @@ from ggserve.server.kernel_parity import SGEMM_TYPES, TILED_TYPES
 
 log = logging.getLogger("ggserve.loader")
 
+
 def assign_layers(n_layer: int, n_gpu_layers: int, devices: list, cpu, tensor_split=()) -> list:
     """The device of each of the n_layer blocks and of the output layer (last), by
     llama.cpp's rule (llama-model.cpp, load_tensors): of the n_layer + 1 layers the

@@ -57,9 +57,7 @@ def setup_logging(args) -> dict:
     for h in handlers:
         h.setFormatter(formatter)
     logging.basicConfig(level=level, handlers=handlers, force=True)
-    uvicorn_level = "critical" if args.log_disable else logging.getLevelName(level).lower()
-    kw = {"log_level": uvicorn_level if uvicorn_level in ("critical", "error", "warning", "info", "debug")
-          else "critical"}
+    kw = {"log_level": "critical" if args.log_disable else logging.getLevelName(level).lower()}
     if args.log_disable or args.log_file or args.log_jsonl or not (args.log_prefix and args.log_timestamps):
         kw["log_config"] = None          # uvicorn's loggers go through the handlers above
     elif args.log_colors != "auto":

@@ -92,13 +92,8 @@ def add_sampling_flags(p) -> None:
         for t in tuning:
             if t in aliases:
                 continue
-            p.add_argument(t, nargs=1, action=_Accepted, metavar="VALUE",
+            p.add_argument(t, metavar="VALUE", default=argparse.SUPPRESS,
                            help=f"accepted: tunes {flag}, which is off here")
-
-
-class _Accepted(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        pass
 
 
 def check_sampling_flags(args) -> None:

@@ -1,6 +1,9 @@
 """-lm/--load-mode as llama-server 11434's: weights memory-mapped from the file, or read into
-memory; mlock keeps them in RAM. The answers do not depend on how the weights were loaded."""
+memory; mlock keeps them in RAM. Either way the greedy answer is llama.cpp's."""
 from __future__ import annotations
+
+import json
+import pathlib
 
 import pytest
 
@@ -24,19 +27,23 @@ def test_load_mode_flags(smollm2_path, argv, use_mmap, mlock):
     assert (cfg.use_mmap, cfg.mlock) == (use_mmap, mlock)
 
 
-def _greedy(engine):
-    engine.add(Request("r", [1, 504, 3458, 282, 4649, 314], SamplingParams(temperature=0.0), max_tokens=12))
+GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())["models"]["smollm2"][0]
+
+
+def _greedy(engine, n=12):
+    engine.add(Request("r", GOLDEN["prompt_ids"], SamplingParams(temperature=0.0), max_tokens=n, ignore_eos=True))
     out = []
     while engine.has_work():
         out += [ev.token for ev in engine.step() if ev.token is not None]
     return out
 
 
-def test_weights_read_into_memory_and_locked_answer_as_mapped_ones(smollm2_path):
+def test_weights_read_into_memory_and_locked_answer_as_llama_cpp(smollm2_path):
+    # llama.cpp's greedy tokens for the golden prompt (tests/data/completions.json), mapped or read
     mapped = Engine(smollm2_path, n_ctx=256, n_parallel=1)
     read = Engine(smollm2_path, n_ctx=256, n_parallel=1, use_mmap=False, mlock=True)
     try:
-        assert _greedy(read) == _greedy(mapped)
+        assert _greedy(read) == _greedy(mapped) == GOLDEN["generated_ids"][:12]
         # no CPU weight buffer of the read model points into a file mapping
         assert not any(b.mapped for b in read.loaded.weights.values())
         assert any(b.mapped for b in mapped.loaded.weights.values())
