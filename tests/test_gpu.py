@@ -98,8 +98,8 @@ def offloaded(smollm2_path):
 
 def test_every_layer_and_the_kv_cache_live_on_the_gpu(offloaded):
     gpu = offloaded.backend.gpus[0]
-    on_gpu = {name for b in offloaded.weights.values() if b.device is gpu for name in b.tensors}
-    assert {n for n in offloaded.gguf.tensors if n.startswith("blk.")} <= on_gpu
+    on_gpu = {name for b in offloaded.loaded.weights.values() if b.device is gpu for name in b.tensors}
+    assert {n for n in offloaded.loaded.gguf.tensors if n.startswith("blk.")} <= on_gpu
     assert offloaded.kv.nbytes_by_device().get(gpu.name, 0) > 0
     assert offloaded.kv.nbytes_by_device().get(offloaded.backend.cpu.name, 0) == 0
 
@@ -108,8 +108,8 @@ def test_a_tied_output_matrix_is_duplicated_onto_the_gpu(offloaded):
     # SmolLM2 ties its output to token_embd: the lookups stay on the CPU, the
     # vocabulary-sized product runs on the GPU (llama.cpp's TENSOR_DUPLICATED)
     gpu, cpu = offloaded.backend.gpus[0], offloaded.backend.cpu
-    assert any(b.device is gpu and "output.weight" in b for b in offloaded.weights.values())
-    assert any(b.device is cpu and "token_embd.weight" in b for b in offloaded.weights.values())
+    assert any(b.device is gpu and "output.weight" in b for b in offloaded.loaded.weights.values())
+    assert any(b.device is cpu and "token_embd.weight" in b for b in offloaded.loaded.weights.values())
     assert offloaded.model.output.name == "output.weight"
 
 

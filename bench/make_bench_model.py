@@ -1,0 +1,188 @@
+"""Write a random-weight GGUF with a real model's shapes, for benchmarks. Not
+committed: written to a temporary path.
+
+- `qwen3-30b-a3b` (default): Qwen3-30B-A3B's layers (n_embd 2048, 32 q / 4 kv heads
+  x 128, q/k norms, 128 experts of 768, top-8, vocab 151936), `qwen3moe`. The
+  tokenizer (the real Qwen2/3 vocabulary) comes from the synthetic qwen3moe golden
+  model in ../shared/golden.
+- `llama3.1-8b`: Llama-3.1-8B's (n_embd 4096, 32 q / 8 kv heads x 128, n_ff 14336,
+  32 layers, vocab 128256), `llama`. Its tokenizer comes from `--vocab`: a GGUF with
+  Llama 3's vocabulary, such as llama.cpp's models/ggml-vocab-llama-bpe.gguf.
+
+    python bench/make_bench_model.py [--layers 4] [--type q4_K] [--out /tmp/moe-bench.gguf]
+    python bench/make_bench_model.py --shape llama3.1-8b --vocab ggml-vocab-llama-bpe.gguf
+    python bench/engine.py -m /tmp/moe-bench.gguf --llama-bench PATH/llama-bench
+
+The weights are random quantized blocks (random quants, block scales chosen so a
+product's outputs have about unit variance), generated block by block without a
+float copy, so the file is written in seconds. Every matrix has one type (q4_K is
+the bulk of a Q4_K_M file). llama.cpp loads the file as the real architecture;
+the numbers mean nothing, the speed does.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+
+import numpy as np
+import gguf
+
+# the real models' shapes; n_layer is the real count (--layers writes fewer)
+SHAPES = {
+    "qwen3-30b-a3b": dict(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
+                          n_ff=6144, n_expert=128, n_used=8, n_ff_exp=768, n_vocab=151936, n_ctx=40960,
+                          rope_base=1_000_000.0, eps=1e-6, qk_norm=True),
+    "llama3.1-8b": dict(arch="llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
+                        n_ff=14336, n_expert=0, n_vocab=128256, n_ctx=131072, rope_base=500_000.0, eps=1e-5,
+                        qk_norm=False),
+}
+# bytes per block, values per block
+_BLOCKS = {"q4_0": (18, 32), "q8_0": (34, 32), "q4_K": (144, 256)}
+_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+          "q4_K": gguf.GGMLQuantizationType.Q4_K}
+_GOLDEN_SYNTH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden" / "synth" / "models"
+# where each shape's tokenizer comes from by default (its vocabulary size must match)
+VOCAB_SOURCES = {"qwen3-30b-a3b": _GOLDEN_SYNTH / "synth-qwen3moe-q8_0.gguf", "llama3.1-8b": None}
+
+
+def random_blocks(rng, qtype: str, n_rows: int, row_len: int) -> np.ndarray:
+    """uint8 [n_rows, bytes per row] of random blocks whose values have std ~ 1/sqrt(row_len)."""
+    nbytes, nvals = _BLOCKS[qtype]
+    n_blocks = n_rows * row_len // nvals
+    b = np.frombuffer(bytearray(rng.bytes(n_blocks * nbytes)), np.uint8).reshape(n_blocks, nbytes)
+    target = 1.0 / np.sqrt(row_len)
+    if qtype == "q4_0":          # d * (q - 8), q uniform 0..15: std ~ 4.6 d
+        d = target / 4.6
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+    elif qtype == "q8_0":        # d * q, q uniform -128..127: std ~ 74 d
+        d = target / 74
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+    else:                        # q4_K: d * sc * q - dmin * m with 6-bit sc, m: std ~ 160 d
+        d = target / 160
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(d * 4).tobytes(), np.uint8)
+    return b.reshape(n_rows, -1)
+
+
+def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader, seed: int = 0) -> None:
+    s = SHAPES[shape]
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, s["arch"])
+    w.add_name(f"{shape}-bench-{n_layer}l-{qtype}")
+    w.add_context_length(s["n_ctx"])
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(s["n_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(s["rope_base"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    if s["n_expert"]:
+        w.add_expert_count(s["n_expert"])
+        w.add_expert_used_count(s["n_used"])
+        w.add_expert_feed_forward_length(s["n_ff_exp"])
+    else:
+        w.add_rope_dimension_count(s["head_dim"])
+    w.add_file_type({"q4_0": 2, "q8_0": 7, "q4_K": 15}[qtype])
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer."):
+            _copy_field(w, key, field)
+
+    tensors = _tensors(s, n_layer, qtype)
+    for name, t, outer, row_len in tensors:       # outer: numpy-order dims before the row
+        if t == "f32":
+            w.add_tensor_info(name, outer, np.dtype(np.float32), 4 * int(np.prod(outer)))
+        else:
+            nbytes = row_len // _BLOCKS[t][1] * _BLOCKS[t][0]
+            w.add_tensor_info(name, (*outer, nbytes), np.dtype(np.uint8), int(np.prod(outer)) * nbytes, _TYPES[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, t, outer, row_len in tensors:
+        if t == "f32":
+            if "gate_inp" in name:
+                data = (rng.standard_normal(outer) / np.sqrt(outer[-1])).astype(np.float32)
+            else:
+                data = np.ones(outer, dtype=np.float32)
+        else:
+            rows = int(np.prod(outer))
+            data = random_blocks(rng, t, rows, row_len).reshape(*outer, -1)
+        w.write_tensor_data(data)
+    w.close()
+
+
+def _tensors(s: dict, n_layer: int, qtype: str) -> list:
+    """(name, type, numpy-order dims before the row, row length) of every tensor."""
+    e, q, kv = s["n_embd"], s["n_head"] * s["head_dim"], s["n_head_kv"] * s["head_dim"]
+    tensors = [("token_embd.weight", qtype, (s["n_vocab"],), e), ("output_norm.weight", "f32", (e,), None),
+               ("output.weight", qtype, (s["n_vocab"],), e)]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensors += [(p + "attn_norm.weight", "f32", (e,), None), (p + "ffn_norm.weight", "f32", (e,), None),
+                    (p + "attn_q.weight", qtype, (q,), e), (p + "attn_k.weight", qtype, (kv,), e),
+                    (p + "attn_v.weight", qtype, (kv,), e), (p + "attn_output.weight", qtype, (e,), q)]
+        if s["qk_norm"]:
+            tensors += [(p + "attn_q_norm.weight", "f32", (s["head_dim"],), None),
+                        (p + "attn_k_norm.weight", "f32", (s["head_dim"],), None)]
+        if s["n_expert"]:
+            nx, ff = s["n_expert"], s["n_ff_exp"]
+            tensors += [(p + "ffn_gate_inp.weight", "f32", (nx, e), None),
+                        (p + "ffn_gate_exps.weight", qtype, (nx, ff), e),
+                        (p + "ffn_up_exps.weight", qtype, (nx, ff), e),
+                        (p + "ffn_down_exps.weight", qtype, (nx, e), ff)]
+        else:
+            ff = s["n_ff"]
+            tensors += [(p + "ffn_gate.weight", qtype, (ff,), e), (p + "ffn_up.weight", qtype, (ff,), e),
+                        (p + "ffn_down.weight", qtype, (e,), ff)]
+    return tensors
+
+
+def _copy_field(w: gguf.GGUFWriter, key: str, field) -> None:
+    v = field.contents()
+    vtype = field.types[0]
+    if vtype == gguf.GGUFValueType.ARRAY:
+        w.add_array(key, v)
+    elif vtype == gguf.GGUFValueType.STRING:
+        w.add_string(key, v)
+    elif vtype == gguf.GGUFValueType.BOOL:
+        w.add_bool(key, v)
+    else:
+        w.add_uint32(key, int(v))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
+    p.add_argument("--layers", type=int, default=None,
+                   help="transformer blocks (default: 4 for qwen3-30b-a3b, whose real count is 48; all for the others)")
+    p.add_argument("--type", choices=sorted(_BLOCKS), default="q4_K",
+                   help="type of every matrix (q4_K: the bulk of a Q4_K_M file)")
+    p.add_argument("--vocab", type=pathlib.Path, default=None,
+                   help="GGUF whose tokenizer.* fields are copied (its vocabulary size must match the shape's)")
+    p.add_argument("--out", default=None, help="default: <tempdir>/<shape>-bench.gguf")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    shape = SHAPES[a.shape]
+    layers = a.layers or (4 if a.shape == "qwen3-30b-a3b" else shape["n_layer"])
+    vocab = a.vocab or VOCAB_SOURCES[a.shape]
+    if vocab is None or not vocab.is_file():
+        print(f"vocabulary source missing: {vocab or 'give --vocab'}", file=sys.stderr)
+        return 1
+    src = gguf.GGUFReader(str(vocab))            # slow for large vocabularies: read once
+    n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    if n_vocab != shape["n_vocab"]:
+        print(f"{vocab}: {n_vocab} tokens, {a.shape} has {shape['n_vocab']}", file=sys.stderr)
+        return 1
+    out = a.out or os.path.join(tempfile.gettempdir(), f"{a.shape}-bench.gguf")
+    write(out, a.shape, layers, a.type, src, a.seed)
+    print(f"{out}: {os.path.getsize(out) / 2**20:.0f} MiB, {layers} layers, {a.type}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
