@@ -60,10 +60,12 @@ def random_blocks(rng, qtype: str, n_rows: int, row_len: int) -> np.ndarray:
     elif qtype == "q8_0":        # d * q, q uniform -128..127: std ~ 74 d
         d = target / 74
         b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
-    else:                        # q4_K: d * sc * q - dmin * m with 6-bit sc, m: std ~ 160 d
-        d = target / 160
+    else:                        # q4_K: d * sc * q - dmin * m, q in 0..15, 6-bit sc and m
+        # dmin = 7.5 d centres the weights (E[sc q] = 7.5 E[m]): biased weights grow the
+        # activations layer by layer until half-precision GPU kernels overflow; std ~ 257 d
+        d = target / 257
         b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
-        b[:, 2:4] = np.frombuffer(np.float16(d * 4).tobytes(), np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(d * 7.5).tobytes(), np.uint8)
     return b.reshape(n_rows, -1)
 
 
