@@ -50,18 +50,18 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
             _run(engine, Request(f"c{rep}", context, GREEDY, max_tokens=1, ignore_eos=True))
         engine.add(Request(f"p{rep}", context + prompt, GREEDY, max_tokens=1, ignore_eos=True))
         t0 = time.perf_counter()
-        engine.step()                     # the prompt in one step, after the cached context
+        _step(engine)                     # the prompt in one step, after the cached context
         t_pp = time.perf_counter() - t0
         _run(engine)
         engine.clear_cache()
         if depth:
             _run(engine, Request(f"c{rep}", context, GREEDY, max_tokens=1, ignore_eos=True))
         engine.add(Request(f"g{rep}", context + prompt[:1], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
-        engine.step()                     # one token after the context, and the first new one
+        _step(engine)                     # one token after the context, and the first new one
         steps, shares = 0, []
         t0 = time.perf_counter()
         while engine.has_work():
-            engine.step()
+            _step(engine)
             steps += 1
             shares.append(1.0 - engine.last_compute_seconds / engine.last_step_seconds)
         t_tg = time.perf_counter() - t0
@@ -88,12 +88,12 @@ def decode_parts(model: str, threads: int, n_gen: int, top: int = 12) -> dict:
     _run(engine, Request("w", [1000, 2000], GREEDY, max_tokens=n_gen, ignore_eos=True))      # warm up
     engine.clear_cache()
     engine.add(Request("g", [1000, 2000], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))
-    engine.step()
+    _step(engine)
     compute, prof = 0.0, cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
     while engine.has_work():
-        engine.step()
+        _step(engine)
         compute += engine.last_compute_seconds
     prof.disable()
     wall = time.perf_counter() - t0
@@ -117,11 +117,18 @@ def print_parts(parts: dict) -> None:
           ", ".join(f"{op} {n}" for op, n in parts["nodes_by_op"].items()))
 
 
+def _step(engine) -> None:
+    """One engine step; a request the engine ended with an error stops the bench, naming it."""
+    for ev in engine.step():
+        if getattr(ev, "error", None):
+            raise SystemExit(f"bench/engine.py: the engine ended request {ev.request_id!r}: {ev.error}")
+
+
 def _run(engine, request=None) -> None:
     if request is not None:
         engine.add(request)
     while engine.has_work():
-        engine.step()
+        _step(engine)
 
 
 def bench_llama(path: str, model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
