@@ -16,6 +16,7 @@ kernel_parity.py (llama.cpp's kernel per row).
 from __future__ import annotations
 
 import logging
+from itertools import accumulate
 import time
 
 import numpy as np
@@ -177,7 +178,7 @@ class Engine:
                 self.memory.undo_step(cells, seqs)
             return events + [self._fail(c.seq, f"the step failed: {e}") for c in plan.chunks]
         self.memory.end_step(seqs, counts, [c.seq.slot for c in plan.chunks if c.start + c.n in c.seq.state_points])
-        first = np.cumsum([0] + counts)
+        first = list(accumulate(counts, initial=0))
         cells_of = {id(c): cells[first[i]:first[i + 1]] for i, c in enumerate(plan.chunks) if c.draft}
         for c in plan.chunks:
             c.seq.n_computed += c.n          # a drafted chunk takes back its rejected rows (_verify)

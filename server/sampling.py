@@ -127,6 +127,13 @@ class SequenceSampler:
             self.constraint.accept(token)
 
     @property
+    def plain_greedy(self) -> bool:
+        """An argmax of the raw logits is the whole answer: greedy, nothing adjusts the
+        logits, no logprobs reported."""
+        return self.params.greedy and self.params.n_probs == 0 and not self.params.post_probs \
+            and not self.adjusts_logits
+
+    @property
     def adjusts_logits(self) -> bool:
         """True when logit_bias, a penalty or a grammar would change this step's logits."""
         return bool(self._bias_ids.size) or (self._penalised and bool(self._history)) \
@@ -240,6 +247,8 @@ def sample_batch(logits: np.ndarray, samplers: list[SequenceSampler]) -> list[Sa
     if logits.ndim != 2 or logits.shape[0] != len(samplers):
         raise ValueError(f"logits shape {logits.shape} does not match {len(samplers)} samplers")
     n_rows, n_vocab = logits.shape
+    if all(s.plain_greedy for s in samplers):      # the common decode: an argmax and nothing else
+        return [SampleResult(int(t), None, []) for t in np.argmax(logits, axis=1)]
     # log-softmax only for the rows that report logprobs (a full pass over the vocab)
     wants_lp = [i for i, s in enumerate(samplers) if s.params.n_probs > 0 and not s.params.post_probs]
     lse = np.zeros(n_rows, dtype=np.float32)
