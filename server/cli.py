@@ -14,7 +14,7 @@ import sys
 from ggserve.models.builtin_templates import BUILTIN
 from ggserve.server.llama_flags import (FlagParser, add_llama_flags, api_keys, check_llama_flags,
                                         llama_flag_settings, llama_argv, reasoning_kwargs, sampling_defaults, tags)
-from ggserve.server.default_model import default_model  # noqa: F401  (also cli.default_model)
+from ggserve.server.default_model import default_model
 from ggserve.server.log_flags import setup_logging
 from ggserve.server.limits import add_limit_flags
 from ggserve.server.speculative import TYPES, SpecConfig

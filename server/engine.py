@@ -16,8 +16,8 @@ kernel_parity.py (llama.cpp's kernel per row).
 from __future__ import annotations
 
 import logging
-from itertools import accumulate
 import time
+from itertools import accumulate
 
 import numpy as np
 
