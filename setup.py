@@ -35,11 +35,13 @@ def _extensions():
     exts = []
     for pyx in sorted(glob.glob("native/*.pyx")):
         name = "ggserve.native." + os.path.splitext(os.path.basename(pyx))[0]
+        # the ggml module carries ggserve's own CPU kernels beside its bindings
+        sources = [pyx] + (["native/kernels/q4_1_matmul.c"] if name.endswith(".ggml") else [])
         exts.append(
             Extension(
                 name,
-                [pyx],
-                include_dirs=[include, numpy.get_include(), "native"],
+                sources,
+                include_dirs=[include, numpy.get_include(), "native", "native/kernels"],
                 library_dirs=[libdir],
                 libraries=["ggml", "ggml-base", "ggml-cpu"],
                 runtime_library_dirs=[libdir],

@@ -10,7 +10,7 @@ cdef extern from "ggml.h":
     enum ggml_type:
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
         GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_I32, GGML_TYPE_I64, GGML_TYPE_BF16,
-        GGML_TYPE_IQ4_NL
+        GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_1
 
     enum ggml_op_hint:
         GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD
@@ -260,6 +260,21 @@ cdef extern from "ggml-cpu.h":
 cdef extern from "ggml.h":
     ctypedef void (*ggml_abort_callback_t)(const char * error_message) noexcept nogil
     ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback)
+
+
+cdef extern from "ggml.h":
+    enum: GGML_N_TASKS_MAX
+    ctypedef void (*ggml_custom_op_t)(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    ggml_tensor * ggml_custom_4d(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                                 int64_t ne3, ggml_tensor ** args, int n_args, ggml_custom_op_t fun,
+                                 int n_tasks, void * userdata)
+
+
+cdef extern from "q4_1_matmul.h":
+    # ggserve's own CPU kernel (native/kernels/q4_1_matmul.c), compiled into the ggml extension
+    int ggserve_q4_1_matmul_supported()
+    int ggserve_q4_1_matmul_isa(int allow_vnni)
+    void ggserve_q4_1_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
 
 
 cdef extern from "ggml-rpc.h":

@@ -12,10 +12,12 @@ cdef class Graph:
     cdef readonly list inputs
     cdef readonly int max_nodes
     cdef bint was_allocated    # its tensors hold addresses in a compute buffer
+    cdef readonly bint tiled_q4_1   # mul_mat of Q4_1 weights in host memory by ggserve's kernel
 
-    def __cinit__(self, int max_nodes=16384):
+    def __cinit__(self, int max_nodes=16384, bint tiled_q4_1=False):
         cdef ggml_init_params p
         self.max_nodes = max_nodes
+        self.tiled_q4_1 = tiled_q4_1
         p.mem_size = ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, False)
         p.mem_buffer = NULL
         p.no_alloc = True
@@ -114,12 +116,31 @@ cdef class Graph:
     def mul_mat(self, Tensor w, Tensor x, bint f32_precision=False, bint hadamard=False):
         """w: [k, m], x: [k, n] -> [m, n]. hadamard: w is a Walsh-Hadamard matrix (the
         CPU backend then runs a fast transform, as llama.cpp's quantized KV rotation)."""
+        if self.tiled_q4_1 and self._tiles_q4_1(w.ptr, x.ptr):
+            return self._t(self._mul_mat_q4_1(w.ptr, x.ptr))
         cdef ggml_tensor * r = ggml_mul_mat(self.ctx, w.ptr, x.ptr)
         if f32_precision:
             ggml_mul_mat_set_prec(r, GGML_PREC_F32)
         if hadamard:
             ggml_mul_mat_set_hint(r, GGML_HINT_SRC0_IS_HADAMARD)
         return self._t(r)
+
+    cdef bint _tiles_q4_1(self, ggml_tensor * w, ggml_tensor * x):
+        """Does ggserve's tiled kernel take this product: Q4_1 weights in host memory
+        times two or more f32 rows (a lone row stays with ggml's own kernel)."""
+        return (w.type == GGML_TYPE_Q4_1 and x.type == GGML_TYPE_F32 and x.ne[1] >= 2
+                and w.ne[2] == 1 and w.ne[3] == 1 and x.ne[2] == 1 and x.ne[3] == 1
+                and x.nb[0] == 4 and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer))
+
+    cdef ggml_tensor * _mul_mat_q4_1(self, ggml_tensor * w, ggml_tensor * x):
+        """mul_mat(w, x) as two nodes: x quantized to Q8_1 as ggml's mul_mat quantizes
+        it (the same from_float), then native/kernels/q4_1_matmul.c: the same floats, tiled."""
+        cdef ggml_tensor * xq = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))
+        cdef ggml_tensor * args[2]
+        args[0] = w
+        args[1] = xq
+        return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
+                              ggserve_q4_1_matmul, GGML_N_TASKS_MAX, NULL)
 
     def soft_max(self, Tensor a, Tensor mask=None, float scale=1.0, float max_bias=0.0):
         return self._t(ggml_soft_max_ext(self.ctx, a.ptr, mask.ptr if mask is not None else NULL, scale, max_bias))

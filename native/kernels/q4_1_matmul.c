@@ -1,0 +1,179 @@
+// Q4_1 weights x Q8_1 activations for batches of rows, bit for bit as ggml's CPU mul_mat.
+//
+// ggml computes each output of such a product alone (ggml_vec_dot_q4_1_q8_1, one
+// weight row against one activation row): per 32-value block it unpacks the
+// weight's nibbles and converts four fp16 scales, so a batch of N rows repeats that
+// work N times; llamafile's tiled kernels do not cover Q4_1. Here a tile of weight
+// rows meets a tile of activation rows, the unpacking and conversions are shared
+// across the tile, and every output still takes exactly the arithmetic of
+// ggml's AVX2 kernel in the same order: per block one fused multiply-add of
+// d_w*d_a into 8 float lanes of integer dot products, one fused m_w*s_a into a
+// scalar, then ggml's horizontal sum plus that scalar. So the result is the same
+// float, whatever the tiling, and prompts and verification steps take fewer cycles.
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "q4_1_matmul.h"
+
+#define QK 32
+
+typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;   // ggml's layout
+typedef struct { uint16_t d, s; int8_t qs[QK]; } block_q8_1;
+
+#define TILE_ROWS 4        // weight rows of a tile
+#define TILE_COLS 2        // activation rows: a tile's 4 x 2 scales fill one 8-float vector
+#define COL_BLOCK 64       // activation rows kept hot in cache while weight tiles pass
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline float fp16(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+// ggml's hsum_float_8, operation for operation
+AVX2 static inline float hsum_float_8(__m256 x) {
+    __m128 res = _mm256_extractf128_ps(x, 1);
+    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
+    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
+    res = _mm_add_ss(res, _mm_movehdup_ps(res));
+    return _mm_cvtss_f32(res);
+}
+
+// A tile's fp16 scales as floats, laid out as its lanes: per block 8 floats of d
+// then 8 of m (weights) or s (activations); for weight rows lane i holds row
+// i % TILE_ROWS, for activation rows column i / TILE_ROWS. One cache line a block.
+typedef float tile_scales;
+#define SCALES_PER_TILE(nb) ((size_t) (nb) * 16)
+
+AVX2 static void row_tile_scales(tile_scales * t, int nb, const char * w, size_t w_stride) {
+    for (int r = 0; r < TILE_ROWS; r++) {
+        const block_q4_1 * x = (const block_q4_1 *) (w + r * w_stride);
+        for (int ib = 0; ib < nb; ib++) {
+            const float d = fp16(x[ib].d), m = fp16(x[ib].m);
+            for (int i = r; i < 8; i += TILE_ROWS) {
+                t[ib * 16 + i] = d;
+                t[ib * 16 + 8 + i] = m;
+            }
+        }
+    }
+}
+
+// columns past n_cols (a last, partial tile) get zero scales
+AVX2 static void col_tile_scales(tile_scales * t, int nb, const char * y, size_t y_stride, int n_cols) {
+    for (int c = 0; c < TILE_COLS; c++) {
+        const block_q8_1 * b = (const block_q8_1 *) (y + c * y_stride);
+        for (int ib = 0; ib < nb; ib++) {
+            const float d = c < n_cols ? fp16(b[ib].d) : 0.0f, s = c < n_cols ? fp16(b[ib].s) : 0.0f;
+            for (int i = c * TILE_ROWS; i < (c + 1) * TILE_ROWS; i++) {
+                t[ib * 16 + i] = d;
+                t[ib * 16 + 8 + i] = s;
+            }
+        }
+    }
+}
+
+#define KERNEL(name) name##_avx2
+#define TARGET AVX2
+#define DOT4(qx, qy) _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(qx, qy))
+#include "q4_1_matmul_kernel.h"
+#undef KERNEL
+#undef TARGET
+#undef DOT4
+
+// AVX512-VNNI sums the four products in one instruction; same integers
+#define KERNEL(name) name##_vnni
+#define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define DOT4(qx, qy) _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy)
+#include "q4_1_matmul_kernel.h"
+#undef KERNEL
+#undef TARGET
+#undef DOT4
+
+// A single output (the tiles' leftovers), exactly as ggml_vec_dot_q4_1_q8_1
+AVX2 static float dot(int nb, const block_q4_1 * x, const block_q8_1 * b) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    const __m256i low = _mm256_set1_epi8(0xF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int ib = 0; ib < nb; ib++) {
+        summs = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(fp16(x[ib].m)), _mm_set_ss(fp16(b[ib].s)), _mm_set_ss(summs)));
+        const __m128i packed = _mm_loadu_si128((const __m128i *) x[ib].qs);
+        const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) b[ib].qs);
+        const __m256 xy = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[ib].d) * fp16(b[ib].d)), xy, acc);
+    }
+    return hsum_float_8(acc) + summs;
+}
+
+static int vnni_allowed = 1;
+
+static int has_vnni(void) {
+    return vnni_allowed && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+
+int ggserve_q4_1_matmul_isa(int allow_vnni) {
+    vnni_allowed = allow_vnni;
+    return has_vnni();
+}
+
+// Rows [m0, m1) of the weights against activation rows [n0, n1) (n1 - n0 <= COL_BLOCK).
+AVX2 static void rows_by_cols(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int nb,
+                              const char * w, size_t w_stride, const char * y, size_t y_stride,
+                              float * out, size_t out_stride, tile_scales * ws, tile_scales * cs) {
+    for (int64_t n = n0; n < n1; n += TILE_COLS) {
+        col_tile_scales(cs + (n - n0) / TILE_COLS * SCALES_PER_TILE(nb), nb, y + n * y_stride, y_stride,
+                        n1 - n < TILE_COLS ? (int) (n1 - n) : TILE_COLS);
+    }
+    const int64_t m_tiles_end = m0 + (m1 - m0) / TILE_ROWS * TILE_ROWS;
+    if (has_vnni()) {
+        tiles_vnni(m0, m_tiles_end, n0, n1, nb, w, w_stride, y, y_stride, out, out_stride, ws, cs);
+    } else {
+        tiles_avx2(m0, m_tiles_end, n0, n1, nb, w, w_stride, y, y_stride, out, out_stride, ws, cs);
+    }
+    for (int64_t m = m_tiles_end; m < m1; m++) {
+        for (int64_t n = n0; n < n1; n++) {
+            out[n * out_stride + m] = dot(nb, (const block_q4_1 *) (w + m * w_stride),
+                                          (const block_q8_1 *) (y + n * y_stride));
+        }
+    }
+}
+
+int ggserve_q4_1_matmul_supported(void) {
+    // ggml's Q4_1 dot product is its AVX2 + FMA one only where ggml was built so
+    return ggml_cpu_has_avx2() && ggml_cpu_has_fma() && ggml_cpu_has_f16c()
+        && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// The custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] (Q8_1 [K, N]).
+// Threads split the weight rows in whole tiles; each walks its rows once per
+// block of COL_BLOCK activation rows.
+void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * y = dst->src[1];
+    const int64_t M = w->ne[1], N = y->ne[1];
+    const int nb = (int) (w->ne[0] / QK);
+    const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t per_thread = (tiles + nth - 1) / nth;
+    const int64_t m0 = ith * per_thread * TILE_ROWS;
+    const int64_t m1 = m0 + per_thread * TILE_ROWS < M ? m0 + per_thread * TILE_ROWS : M;
+    if (m0 >= m1) {
+        return;
+    }
+    // scratch per call: a few hundred KiB at most, so the heap, not the stack
+    const size_t n_scales = SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
+    tile_scales * ws = aligned_alloc(64, n_scales * sizeof(float));
+    tile_scales * cs = ws + SCALES_PER_TILE(nb);
+    for (int64_t n0 = 0; n0 < N; n0 += COL_BLOCK) {
+        const int64_t n1 = n0 + COL_BLOCK < N ? n0 + COL_BLOCK : N;
+        rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1],
+                     (const char *) y->data, y->nb[1], (float *) dst->data, dst->nb[1] / sizeof(float),
+                     ws, cs);
+    }
+    free(ws);
+}

@@ -1,0 +1,65 @@
+// The tiled Q4_1 x Q8_1 kernel, included by q4_1_matmul.c once per instruction set:
+// KERNEL(name) names this copy's functions, TARGET its target attribute, and
+// DOT4(qx, qy) its integer dot products of four byte pairs per 32-bit lane
+// (u8 weights x s8 activations; exact, so every copy gives the same floats).
+
+// One tile: TILE_ROWS weight rows (w, w_stride bytes apart) by TILE_COLS activation
+// rows (y, y_stride apart) over nb blocks; lane c * TILE_ROWS + r of the scale
+// vectors belongs to output (r, c); out[c * out_stride + r] for c < C.
+TARGET static inline __attribute__((always_inline)) void KERNEL(tile)(
+        const int C, int nb, const char * w, size_t w_stride, const tile_scales * ws,
+        const char * y, size_t y_stride, const tile_scales * ys, float * out, size_t out_stride) {
+    __m256 acc[TILE_ROWS][TILE_COLS];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        for (int c = 0; c < C; c++) {
+            acc[r][c] = _mm256_setzero_ps();
+        }
+    }
+    __m256 summs = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int ib = 0; ib < nb; ib++) {
+        // d_w * d_a as ggml's vmulss, m_w * s_a + summs as its vfmadd231ss: lane by lane
+        const float * wb = ws + ib * 16, * yb = ys + ib * 16;
+        const __m256 scale = _mm256_mul_ps(_mm256_load_ps(wb), _mm256_load_ps(yb));
+        summs = _mm256_fmadd_ps(_mm256_load_ps(wb + 8), _mm256_load_ps(yb + 8), summs);
+        for (int r = 0; r < TILE_ROWS; r++) {
+            const block_q4_1 * x = (const block_q4_1 *) (w + r * w_stride) + ib;
+            const __m128i packed = _mm_loadu_si128((const __m128i *) x->qs);
+            const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed));
+            for (int c = 0; c < C; c++) {
+                const block_q8_1 * b = (const block_q8_1 *) (y + c * y_stride) + ib;
+                const __m256i qy = _mm256_loadu_si256((const __m256i *) b->qs);
+                const __m256 xy = _mm256_cvtepi32_ps(DOT4(qx, qy));
+                const __m256 s = _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(c * TILE_ROWS + r));
+                acc[r][c] = _mm256_fmadd_ps(s, xy, acc[r][c]);
+            }
+        }
+    }
+    float sm[8];
+    _mm256_storeu_ps(sm, summs);
+    for (int r = 0; r < TILE_ROWS; r++) {
+        for (int c = 0; c < C; c++) {
+            out[c * out_stride + r] = hsum_float_8(acc[r][c]) + sm[c * TILE_ROWS + r];
+        }
+    }
+}
+
+// Whole row tiles of [m0, m1) against activation rows [n0, n1), given their scales.
+TARGET static void KERNEL(tiles)(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int nb,
+                                 const char * w, size_t w_stride, const char * y, size_t y_stride,
+                                 float * out, size_t out_stride, tile_scales * ws, const tile_scales * cs) {
+    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
+        const char * wm = w + m * w_stride;
+        row_tile_scales(ws, nb, wm, w_stride);
+        int64_t n = n0;
+        // constant shapes let the compiler keep a tile in registers
+        for (; n + TILE_COLS <= n1; n += TILE_COLS) {
+            KERNEL(tile)(TILE_COLS, nb, wm, w_stride, ws, y + n * y_stride, y_stride,
+                         cs + (n - n0) / TILE_COLS * SCALES_PER_TILE(nb), out + n * out_stride + m, out_stride);
+        }
+        if (n < n1) {   // an odd activation row left: a tile of one column
+            KERNEL(tile)(1, nb, wm, w_stride, ws, y + n * y_stride, y_stride,
+                         cs + (n - n0) / TILE_COLS * SCALES_PER_TILE(nb), out + n * out_stride + m, out_stride);
+        }
+    }
+}
