@@ -43,8 +43,10 @@ class StepCost:
 
     DECAY = 0.95
 
-    def __init__(self):
+    def __init__(self, min_row_variance: float = 16.0):
         self._sums = [0.0] * 5        # weight, rows, seconds, rows², rows·seconds
+        # below this spread of row counts the slope is not told apart from noise
+        self.min_row_variance = min_row_variance
         self._last: tuple[float, float] | None = None
 
     def observe(self, rows: int, seconds: float) -> None:
@@ -59,7 +61,7 @@ class StepCost:
             return self._last
         mx, my = x / w, y / w
         var = xx / w - mx * mx
-        if var < 16.0:
+        if var < self.min_row_variance:
             return self._last
         per_row = (xy / w - mx * my) / var
         if per_row > 0:
@@ -100,8 +102,9 @@ class Scheduler:
         self._row_seconds = 0.0
         self.cost = StepCost()
         # steps of decodes and their drafts alone: what a drafted row adds to such a step
-        # (server/speculative.py); prompt rows cost less each, they would hide it
-        self.decode_cost = StepCost()
+        # (server/speculative.py); prompt rows cost less each, they would hide it. One stream's
+        # steps are 1 row and now and then 2 to 9: a spread of about one row tells the slope
+        self.decode_cost = StepCost(min_row_variance=1.0)
         self._prompt_rows = 0          # prompt rows in the last step planned
         self._skipped: dict[str, int] = {}     # prompt id -> steps it was passed over in a row
 

@@ -71,9 +71,12 @@ class Sequence:
         self.pool = None      # server/pooling.Pool of an embedding request (the engine sets it)
         # speculative decoding (server/speculative.py): this step's drafted tokens, and the counts
         self.draft: tuple[int, ...] = ()
-        self.draft_max: int | None = None     # its drafts' length limit (None: the configured one)
         self.n_draft = 0
         self.n_draft_accepted = 0
+        # recent verifications, older ones fading (speculative.draft_length): drafted tokens
+        # accepted, and drafts that ended on a rejected token
+        self.recent_accepted = 0.0
+        self.recent_rejected = 0.0
         self.n_pos = 1 if request.positions is None else request.positions.shape[0]
         # generated tokens continue after the prompt's last position in every dimension
         # (as mtmd's n_past: a prompt ending on an image goes on at p0 + max(grid w, h)),

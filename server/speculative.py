@@ -52,7 +52,7 @@ class SpecConfig:
     simple_m: int = 48       # ngram-simple: draft m-gram (--spec-ngram-simple-size-m)
     model_draft: str | None = None
     n_gpu_layers_draft: int = 0
-    adaptive: bool = True    # draft only where verifying pays for its rows (draft_pays); False: always
+    adaptive: bool = True    # draft as many as pay for their rows (draft_length); False: always n_max
 
     @classmethod
     def from_args(cls, args) -> "SpecConfig":
@@ -151,14 +151,18 @@ class Speculator:
     def propose(self, seqs, n_ctx: int, step_cost=None) -> None:
         """Set `seq.draft` for each decoding sequence (empty where nothing is proposed).
         A draft never asks for more rows than the request may still generate or
-        its context holds; with `adaptive`, only streams whose drafts pay for their rows
-        under step_cost (the scheduler's (fixed, per_row) fit) draft."""
+        its context holds; with `adaptive`, no more than pay for their rows under
+        step_cost (the scheduler's (fixed, per_row) fit of a decode step: draft_length)."""
         room = {}
         for s in seqs:
             s.draft = ()
-            k = min(self.config.n_max if s.draft_max is None else s.draft_max,
-                    s.request.max_tokens - s.n_generated - 1, n_ctx - len(s.tokens))
-            if k > 0 and (not self.config.adaptive or draft_pays(s, len(seqs), step_cost)):
+            k = min(self.config.n_max, s.request.max_tokens - s.n_generated - 1, n_ctx - len(s.tokens))
+            if k > 0 and self.config.adaptive:
+                k = draft_length(s, len(seqs), step_cost, k)
+                if k == 0:    # not worth a draft now: the estimate drifts back, to try again later
+                    s.recent_accepted *= IDLE_DECAY
+                    s.recent_rejected *= IDLE_DECAY
+            if k > 0:
                 room[s] = k
         if not room:
             return
@@ -176,14 +180,10 @@ class Speculator:
                 s.draft = tuple(int(t) for t in d)
 
     def record(self, seq, n_drafted: int, n_accepted: int) -> None:
-        """A verified draft. Its sequence's next drafts are halved after one with
-        nothing accepted and doubled (up to n_max) after one accepted whole: rows
-        verified in vain cost time (a sequence whose text the lookup mispredicts)."""
-        k = self.config.n_max if seq.draft_max is None else seq.draft_max
-        if n_accepted == 0:
-            seq.draft_max = max(1, k // 2)
-        elif n_accepted == n_drafted:
-            seq.draft_max = min(self.config.n_max, 2 * k)
+        """A verified draft: the counts, and the sequence's recent acceptance, which
+        sizes its next drafts (draft_length; older verifications fade by RECENT_DECAY)."""
+        seq.recent_accepted = RECENT_DECAY * seq.recent_accepted + n_accepted
+        seq.recent_rejected = RECENT_DECAY * seq.recent_rejected + (n_accepted < n_drafted)
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
@@ -199,15 +199,37 @@ class Speculator:
             self.draft_model.close()
 
 
-def draft_pays(seq, n_streams: int, step_cost) -> bool:
-    """Does verifying this stream's draft raise the tokens per second of a step? A step of B
-    streams takes fixed + per_row * rows; a drafted row costs per_row and brings, at the
-    stream's acceptance rate so far (a), a more tokens: worth it while
-    a * (fixed + per_row * B) > per_row * B. One stream on a CPU, where reading the weights
-    dominates, drafts; many streams on a CPU, where rows dominate, draft only what is nearly
-    always accepted; a GPU drafts. Before the step cost is known: drafts."""
+RECENT_DECAY = 0.8     # a verification's weight in the acceptance estimate, per later one
+# ... and per step the stream did not draft because drafts did not pay: after some 50
+# such steps it tries one again (text that starts to repeat itself pays again)
+IDLE_DECAY = 0.99
+
+
+def acceptance(seq) -> float:
+    """The chance that the stream's next drafted token is accepted, given the one before
+    it was: accepted tokens over accepted tokens plus rejections (each draft ends at its
+    first rejected token, if any), recent verifications weighing most; 1/2 before any."""
+    return (seq.recent_accepted + 1) / (seq.recent_accepted + seq.recent_rejected + 2)
+
+
+def draft_length(seq, n_streams: int, step_cost, k_max: int) -> int:
+    """How many tokens to draft for this stream: the k <= k_max that gives the step the
+    most tokens per second. A step of B streams takes fixed + per_row * rows; a draft of
+    k tokens, each accepted with probability p once the one before it was, brings
+    p + p^2 + ... + p^k tokens more for k rows more. One stream on a CPU, where reading
+    the weights dominates, drafts long where its drafts are accepted and short or not at
+    all where they are not; many streams on a CPU, where rows dominate, draft only what
+    is nearly always accepted; a GPU drafts. Before the step cost is known: k_max."""
     if step_cost is None:
-        return True
+        return k_max
     fixed, per_row = step_cost
-    rate = (seq.n_draft_accepted + 1) / (seq.n_draft + 2)
-    return rate * (fixed + per_row * n_streams) > per_row * n_streams
+    p = acceptance(seq)
+    best_k, best = 0, n_streams / (fixed + per_row * n_streams)
+    gain, p_k = 0.0, 1.0
+    for k in range(1, k_max + 1):
+        p_k *= p
+        gain += p_k
+        rate = (n_streams + gain) / (fixed + per_row * (n_streams + k))
+        if rate > best:
+            best_k, best = k, rate
+    return best_k

@@ -99,6 +99,14 @@ def test_step_cost_is_fitted_from_measured_steps():
     assert fixed == pytest.approx(0.004) and per_row == pytest.approx(0.002)
 
 
+def test_one_streams_decode_steps_and_a_rare_draft_are_enough_to_fit_a_drafted_rows_cost():
+    sched = _scheduler()
+    for rows in (1,) * 9 + (9,):          # decode steps; one of them verifies 8 drafted tokens
+        sched.observe(rows, 0.00225 * rows, 0.00575 + 0.00225 * rows)
+    fixed, per_row = sched.decode_cost.fit()
+    assert fixed == pytest.approx(0.00575) and per_row == pytest.approx(0.00225)
+
+
 def test_where_rows_cost_most_prompts_arriving_together_go_one_by_one_shortest_first():
     # a CPU: the shortest prompt is answered after its own 40 rows, not after all 200
     sched = _measured(_scheduler(Sequence(Request("a", list(range(100)))), Sequence(Request("b", list(range(40)))),

@@ -20,7 +20,7 @@ from engine_helpers import generate, generate_requests, tokens
 from ggserve.server.engine import Engine, Request
 from ggserve.server.sampling import SamplingParams
 from ggserve.server.sequence import Sequence
-from ggserve.server.speculative import SpecConfig, draft_pays, lookup, simple_draft
+from ggserve.server.speculative import SpecConfig, draft_length, lookup, simple_draft
 from synth_golden import case, completions, model_path
 
 GOLDEN = {c["key"]: c for c in json.loads(
@@ -28,7 +28,7 @@ GOLDEN = {c["key"]: c for c in json.loads(
 # prompts whose plain answers are llama.cpp's exactly (no near-tie); long_prose decodes
 # over 768 cells: its rows take ggml's thread-split attention kernel, each over its own view
 FOUR = ("capital", "code_fib", "counting", "long_prose")
-# drafts whatever the step cost: these tests are about verification (draft_pays has its own)
+# drafts whatever the step cost: these tests are about verification (draft_length has its own)
 NGRAM = SpecConfig(type="ngram", adaptive=False)
 
 
@@ -231,18 +231,24 @@ def test_served_answer_has_draft_timings_and_metrics_count_them(smollm2_path):
     assert (drafted, accepted) == (t["draft_n"], t["draft_n_accepted"])
 
 
-def _stream(drafted: int, accepted: int):
+def _stream(accepted: float, rejected: float):
     s = Sequence(Request("s", [1, 2, 3]))
-    s.n_draft, s.n_draft_accepted = drafted, accepted
+    s.recent_accepted, s.recent_rejected = accepted, rejected
     return s
 
 
-@pytest.mark.parametrize("streams,step_cost,drafted,accepted,pays", [
-    (1, (0.010, 0.002), 10, 5, True),      # one stream on a CPU: reading the weights dominates
-    (8, (0.010, 0.002), 10, 5, False),     # eight: rows dominate, half the drafts accepted do not pay
-    (8, (0.010, 0.002), 100, 95, True),    # ... nearly always accepted ones do
-    (8, (0.010, 0.00001), 10, 2, True),    # a GPU: rows are nearly free
-    (8, None, 10, 0, True),                # before any step was measured
+# one stream on this CPU: a step of SmolLM2 costs 7.5 ms plus 2.2 ms a row
+CPU_1 = (0.0075, 0.0022)
+
+
+@pytest.mark.parametrize("streams,step_cost,accepted,rejected,k", [
+    (1, CPU_1, 0, 0, 1),              # nothing known yet (p = 1/2): one token, the best bet
+    (1, CPU_1, 20, 0.2, 8),           # a stream copying its prompt: the longest draft
+    (1, CPU_1, 0, 4, 0),              # a free story the lookup mispredicts: none
+    (8, (0.010, 0.002), 2, 2, 0),     # eight streams, rows dominate: half accepted does not pay
+    (8, (0.010, 0.002), 40, 0.2, 8),  # ... nearly always accepted does
+    (8, (0.010, 0.00001), 2, 2, 6),   # a GPU: rows are nearly free
+    (8, None, 0, 5, 8),               # before any step was measured: the most allowed
 ])
-def test_a_draft_is_verified_where_it_pays_for_its_rows(streams, step_cost, drafted, accepted, pays):
-    assert draft_pays(_stream(drafted, accepted), streams, step_cost) is pays
+def test_a_draft_is_as_long_as_pays_for_its_rows(streams, step_cost, accepted, rejected, k):
+    assert draft_length(_stream(accepted, rejected), streams, step_cost, 8) == k
