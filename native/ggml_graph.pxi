@@ -1,5 +1,9 @@
 # Included by ggml.pyx: the graph under construction and its ops (one extension module).
 
+# Q4_1 products of at most this many rows quantize their activations inside the op
+Q4_1_INLINE_QUANT_ROWS = 16
+
+
 cdef class Graph:
     """A compute graph under construction: the ops models are written with.
 
@@ -126,19 +130,21 @@ cdef class Graph:
         return self._t(r)
 
     cdef bint _tiles_q4_1(self, ggml_tensor * w, ggml_tensor * x):
-        """Does ggserve's tiled kernel take this product: Q4_1 weights in host memory
-        times two or more f32 rows (a lone row stays with ggml's own kernel)."""
-        return (w.type == GGML_TYPE_Q4_1 and x.type == GGML_TYPE_F32 and x.ne[1] >= 2
+        """Does ggserve's kernel take this product: Q4_1 weights in host memory times f32 rows."""
+        return (w.type == GGML_TYPE_Q4_1 and x.type == GGML_TYPE_F32
                 and w.ne[2] == 1 and w.ne[3] == 1 and x.ne[2] == 1 and x.ne[3] == 1
                 and x.nb[0] == 4 and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer))
 
     cdef ggml_tensor * _mul_mat_q4_1(self, ggml_tensor * w, ggml_tensor * x):
-        """mul_mat(w, x) as two nodes: x quantized to Q8_1 as ggml's mul_mat quantizes
-        it (the same from_float), then native/kernels/q4_1_matmul.c: the same floats, tiled."""
-        cdef ggml_tensor * xq = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))
+        """mul_mat(w, x) by native/kernels/q4_1_matmul.c: the same floats as ggml's.
+        x is quantized to Q8_1 as ggml's mul_mat quantizes it: by a node of its own
+        (all threads share the work) or, for a decode step's few rows, by each thread
+        inside the op (one barrier fewer)."""
         cdef ggml_tensor * args[2]
         args[0] = w
-        args[1] = xq
+        args[1] = x
+        if x.ne[1] > Q4_1_INLINE_QUANT_ROWS:
+            args[1] = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))
         return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                               ggserve_q4_1_matmul, GGML_N_TASKS_MAX, NULL)
 

@@ -44,7 +44,7 @@ def _product(backend, raw, k, m, x, tiled):
     inp = g.input("x", ggml.F32, (k, x.shape[0]))
     y = g.output(g.mul_mat(weights["w"], inp))
     backend.compute(g, {inp: x})
-    result, ops = y.read().copy(), [op for op, _, _ in g.ops()]
+    result, ops = y.read().reshape(x.shape[0], m), [op for op, _, _ in g.ops()]
     g.close()
     return result, ops
 
@@ -60,19 +60,14 @@ def isa(request):
 
 # (matrix, its first m rows): 190 leaves two rows past the last whole tile of four
 @pytest.mark.parametrize("name, m", [("blk.0.ffn_up.weight", 1536), ("blk.3.attn_k.weight", 190)])
-@pytest.mark.parametrize("n_rows", [2, 3, 9, 49, 130])
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 9, 49, 130])
 def test_tiled_q4_1_product_equals_ggml_bit_for_bit(backend, smollm2_weights, isa, name, m, n_rows):
     raw, (k, _) = smollm2_weights[name]
     raw = raw[:m * (k // 32) * 20]     # a Q4_1 block: 32 weights in 20 bytes
     x = np.random.default_rng(n_rows).standard_normal((n_rows, k), dtype=np.float32)
     ours, ops = _product(backend, raw, k, m, x, tiled=True)
     theirs, ggml_ops = _product(backend, raw, k, m, x, tiled=False)
-    assert ops == ["CPY", "CUSTOM"] and ggml_ops == ["MUL_MAT"]
-    assert ours.shape == (n_rows, m)
+    # a decode step's few rows are quantized inside the op, more by a node of their own
+    assert ops == (["CUSTOM"] if n_rows <= ggml.Q4_1_INLINE_QUANT_ROWS else ["CPY", "CUSTOM"])
+    assert ggml_ops == ["MUL_MAT"]
     assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
-
-
-def test_a_lone_row_stays_with_ggmls_kernel(backend, smollm2_weights):
-    raw, (k, m) = smollm2_weights["blk.0.ffn_up.weight"]
-    _, ops = _product(backend, raw, k, m, np.ones((1, k), dtype=np.float32), tiled=True)
-    assert ops == ["MUL_MAT"]

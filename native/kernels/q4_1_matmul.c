@@ -149,14 +149,35 @@ int ggserve_q4_1_matmul_supported(void) {
         && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-// The custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] (Q8_1 [K, N]).
-// Threads split the weight rows in whole tiles; each walks its rows once per
-// block of COL_BLOCK activation rows.
+// One activation row: the weight rows [m0, m1) in groups of TILE_ROWS, the rest one by one.
+AVX2 static void one_row(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
+                         const block_q8_1 * y, float * out, float * scratch) {
+    float * yd = scratch, * ys = scratch + nb;
+    for (int ib = 0; ib < nb; ib++) {
+        yd[ib] = fp16(y[ib].d);
+        ys[ib] = fp16(y[ib].s);
+    }
+    const int64_t m_groups_end = m0 + (m1 - m0) / TILE_ROWS * TILE_ROWS;
+    if (has_vnni()) {
+        gemv_vnni(m0, m_groups_end, nb, w, w_stride, y, yd, ys, out);
+    } else {
+        gemv_avx2(m0, m_groups_end, nb, w, w_stride, y, yd, ys, out);
+    }
+    for (int64_t m = m_groups_end; m < m1; m++) {
+        out[m] = dot(nb, (const block_q4_1 *) (w + m * w_stride), y);
+    }
+}
+
+// The custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 as
+// ggml's mul_mat quantizes it, or F32: each thread quantizes it so itself, for the
+// few rows of a decode step, where a node of its own would cost more than it saves).
+// Threads split the weight rows in whole tiles; each walks its rows once per block
+// of COL_BLOCK activation rows.
 void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
-    const struct ggml_tensor * y = dst->src[1];
-    const int64_t M = w->ne[1], N = y->ne[1];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t M = w->ne[1], N = x->ne[1];
     const int nb = (int) (w->ne[0] / QK);
     const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
     const int64_t per_thread = (tiles + nth - 1) / nth;
@@ -165,15 +186,33 @@ void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
     if (m0 >= m1) {
         return;
     }
-    // scratch per call: a few hundred KiB at most, so the heap, not the stack
+    const size_t q_row = (size_t) nb * sizeof(block_q8_1);
+    // scratch per call: the quantized rows (F32 input), the tiles' scales
     const size_t n_scales = SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
-    tile_scales * ws = aligned_alloc(64, n_scales * sizeof(float));
-    tile_scales * cs = ws + SCALES_PER_TILE(nb);
-    for (int64_t n0 = 0; n0 < N; n0 += COL_BLOCK) {
-        const int64_t n1 = n0 + COL_BLOCK < N ? n0 + COL_BLOCK : N;
-        rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1],
-                     (const char *) y->data, y->nb[1], (float *) dst->data, dst->nb[1] / sizeof(float),
-                     ws, cs);
+    const size_t q_bytes = x->type == GGML_TYPE_F32 ? ((q_row * N + 63) & ~(size_t) 63) : 0;
+    char * scratch = aligned_alloc(64, q_bytes + n_scales * sizeof(float));
+    const char * y = (const char *) x->data;
+    size_t y_stride = x->nb[1];
+    if (x->type == GGML_TYPE_F32) {
+        const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
+        for (int64_t n = 0; n < N; n++) {
+            quantize((const float *) (y + n * y_stride), scratch + n * q_row, w->ne[0]);
+        }
+        y = scratch;
+        y_stride = q_row;
     }
-    free(ws);
+    float * out = (float *) dst->data;
+    const size_t out_stride = dst->nb[1] / sizeof(float);
+    tile_scales * ws = (tile_scales *) (scratch + q_bytes);
+    if (N == 1) {
+        one_row(m0, m1, nb, (const char *) w->data, w->nb[1], (const block_q8_1 *) y, out, ws);
+    } else {
+        tile_scales * cs = ws + SCALES_PER_TILE(nb);
+        for (int64_t n0 = 0; n0 < N; n0 += COL_BLOCK) {
+            const int64_t n1 = n0 + COL_BLOCK < N ? n0 + COL_BLOCK : N;
+            rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1], y, y_stride,
+                         out, out_stride, ws, cs);
+        }
+    }
+    free(scratch);
 }

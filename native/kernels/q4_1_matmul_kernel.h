@@ -63,3 +63,41 @@ TARGET static void KERNEL(tiles)(int64_t m0, int64_t m1, int64_t n0, int64_t n1,
         }
     }
 }
+
+// One activation row (y, its scales as floats in yd and ys) against whole groups of
+// TILE_ROWS weight rows [m0, m1): a decode step's product. The four rows' fp16
+// scales convert together, lanes 0-3 d and 4-7 m; per row and block the same
+// arithmetic as ggml_vec_dot_q4_1_q8_1.
+TARGET static void KERNEL(gemv)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
+                                const block_q8_1 * y, const float * yd, const float * ys, float * out) {
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
+        const block_q4_1 * x[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) {
+            x[r] = (const block_q4_1 *) (w + (m + r) * w_stride);
+        }
+        __m256 acc[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) {
+            acc[r] = _mm256_setzero_ps();
+        }
+        __m256 summs = _mm256_setzero_ps();      // lanes 4-7: the rows' m_w * s_a sums
+        for (int ib = 0; ib < nb; ib++) {
+            const __m256 dm = _mm256_cvtph_ps(_mm_set_epi16(
+                x[3][ib].m, x[2][ib].m, x[1][ib].m, x[0][ib].m, x[3][ib].d, x[2][ib].d, x[1][ib].d, x[0][ib].d));
+            const __m256 scale = _mm256_mul_ps(dm, _mm256_set1_ps(yd[ib]));   // lanes 0-3: d_w * d_a
+            summs = _mm256_fmadd_ps(dm, _mm256_set1_ps(ys[ib]), summs);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+            for (int r = 0; r < TILE_ROWS; r++) {
+                const __m128i packed = _mm_loadu_si128((const __m128i *) x[r][ib].qs);
+                const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed));
+                const __m256 xy = _mm256_cvtepi32_ps(DOT4(qx, qy));
+                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(r)), xy, acc[r]);
+            }
+        }
+        float sm[8];
+        _mm256_storeu_ps(sm, summs);
+        for (int r = 0; r < TILE_ROWS; r++) {
+            out[m + r] = hsum_float_8(acc[r]) + sm[TILE_ROWS + r];
+        }
+    }
+}
