@@ -3,6 +3,14 @@
 // DOT4(qx, qy) its integer dot products of four byte pairs per 32-bit lane
 // (u8 weights x s8 activations; exact, so every copy gives the same floats).
 
+// 32 nibbles -> 32 bytes, low nibbles first (ggml's bytes_from_nibbles_32): the 16
+// bytes in both halves, the upper half shifted right by 4, both masked
+TARGET static inline __m256i KERNEL(unpack)(const uint8_t * qs) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
+}
+#define unpack_nibbles KERNEL(unpack)
+
 // One tile: TILE_ROWS weight rows (w, w_stride bytes apart) by TILE_COLS activation
 // rows (y, y_stride apart) over nb blocks; lane c * TILE_ROWS + r of the scale
 // vectors belongs to output (r, c); out[c * out_stride + r] for c < C.
@@ -16,16 +24,13 @@ TARGET static inline __attribute__((always_inline)) void KERNEL(tile)(
         }
     }
     __m256 summs = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0xF);
     for (int ib = 0; ib < nb; ib++) {
         // d_w * d_a as ggml's vmulss, m_w * s_a + summs as its vfmadd231ss: lane by lane
         const float * wb = ws + ib * 16, * yb = ys + ib * 16;
         const __m256 scale = _mm256_mul_ps(_mm256_load_ps(wb), _mm256_load_ps(yb));
         summs = _mm256_fmadd_ps(_mm256_load_ps(wb + 8), _mm256_load_ps(yb + 8), summs);
         for (int r = 0; r < TILE_ROWS; r++) {
-            const block_q4_1 * x = (const block_q4_1 *) (w + r * w_stride) + ib;
-            const __m128i packed = _mm_loadu_si128((const __m128i *) x->qs);
-            const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed));
+            const __m256i qx = unpack_nibbles(((const block_q4_1 *) (w + r * w_stride) + ib)->qs);
             for (int c = 0; c < C; c++) {
                 const block_q8_1 * b = (const block_q8_1 *) (y + c * y_stride) + ib;
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) b->qs);
@@ -66,11 +71,10 @@ TARGET static void KERNEL(tiles)(int64_t m0, int64_t m1, int64_t n0, int64_t n1,
 
 // One activation row (y, its scales as floats in yd and ys) against whole groups of
 // TILE_ROWS weight rows [m0, m1): a decode step's product. The four rows' fp16
-// scales convert together, lanes 0-3 d and 4-7 m; per row and block the same
+// scales convert together (lanes 2r: d, 2r + 1: m); per row and block the same
 // arithmetic as ggml_vec_dot_q4_1_q8_1.
 TARGET static void KERNEL(gemv)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
                                 const block_q8_1 * y, const float * yd, const float * ys, float * out) {
-    const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t m = m0; m < m1; m += TILE_ROWS) {
         const block_q4_1 * x[TILE_ROWS];
         for (int r = 0; r < TILE_ROWS; r++) {
@@ -80,24 +84,28 @@ TARGET static void KERNEL(gemv)(int64_t m0, int64_t m1, int nb, const char * w, 
         for (int r = 0; r < TILE_ROWS; r++) {
             acc[r] = _mm256_setzero_ps();
         }
-        __m256 summs = _mm256_setzero_ps();      // lanes 4-7: the rows' m_w * s_a sums
+        __m256 summs = _mm256_setzero_ps();      // odd lanes: the rows' m_w * s_a sums
         for (int ib = 0; ib < nb; ib++) {
-            const __m256 dm = _mm256_cvtph_ps(_mm_set_epi16(
-                x[3][ib].m, x[2][ib].m, x[1][ib].m, x[0][ib].m, x[3][ib].d, x[2][ib].d, x[1][ib].d, x[0][ib].d));
-            const __m256 scale = _mm256_mul_ps(dm, _mm256_set1_ps(yd[ib]));   // lanes 0-3: d_w * d_a
+            // each row's (d, m) pair: one 32-bit load a row, converted together
+            int32_t dm_bits[TILE_ROWS];
+            for (int r = 0; r < TILE_ROWS; r++) {
+                memcpy(&dm_bits[r], &x[r][ib].d, sizeof(int32_t));
+            }
+            const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dm_bits));
+            const __m256 scale = _mm256_mul_ps(dm, _mm256_set1_ps(yd[ib]));   // lane 2r: d_w * d_a
             summs = _mm256_fmadd_ps(dm, _mm256_set1_ps(ys[ib]), summs);
             const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
             for (int r = 0; r < TILE_ROWS; r++) {
-                const __m128i packed = _mm_loadu_si128((const __m128i *) x[r][ib].qs);
-                const __m256i qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed));
+                const __m256i qx = unpack_nibbles(x[r][ib].qs);
                 const __m256 xy = _mm256_cvtepi32_ps(DOT4(qx, qy));
-                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(r)), xy, acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * r)), xy, acc[r]);
             }
         }
         float sm[8];
         _mm256_storeu_ps(sm, summs);
         for (int r = 0; r < TILE_ROWS; r++) {
-            out[m + r] = hsum_float_8(acc[r]) + sm[TILE_ROWS + r];
+            out[m + r] = hsum_float_8(acc[r]) + sm[2 * r + 1];
         }
     }
 }
+#undef unpack_nibbles
