@@ -187,10 +187,11 @@ void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
         return;
     }
     const size_t q_row = (size_t) nb * sizeof(block_q8_1);
-    // scratch per call: the quantized rows (F32 input), the tiles' scales
-    const size_t n_scales = SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
+    // scratch per call: the quantized rows (F32 input), then the activation row's scales
+    // (one row) or the tiles' scales
+    const size_t n_scales = N == 1 ? 2 * (size_t) nb : SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
     const size_t q_bytes = x->type == GGML_TYPE_F32 ? ((q_row * N + 63) & ~(size_t) 63) : 0;
-    char * scratch = aligned_alloc(64, q_bytes + n_scales * sizeof(float));
+    char * scratch = aligned_alloc(64, (q_bytes + n_scales * sizeof(float) + 63) & ~(size_t) 63);
     const char * y = (const char *) x->data;
     size_t y_stride = x->nb[1];
     if (x->type == GGML_TYPE_F32) {
