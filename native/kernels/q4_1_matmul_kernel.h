@@ -85,7 +85,12 @@ TARGET static void KERNEL(gemv)(int64_t m0, int64_t m1, int nb, const char * w, 
             acc[r] = _mm256_setzero_ps();
         }
         __m256 summs = _mm256_setzero_ps();      // odd lanes: the rows' m_w * s_a sums
+        // the group's rows lie one after the other: nb * 4 blocks of 20 bytes; fetch those of
+        // the group PREFETCH_GROUPS ahead, 80 bytes an iteration
+        const char * ahead = (const char *) x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
         for (int ib = 0; ib < nb; ib++) {
+            _mm_prefetch(ahead + ib * 80, _MM_HINT_T0);
+            _mm_prefetch(ahead + ib * 80 + 64, _MM_HINT_T0);
             // each row's (d, m) pair: one 32-bit load a row, converted together
             int32_t dm_bits[TILE_ROWS];
             for (int r = 0; r < TILE_ROWS; r++) {
