@@ -40,10 +40,10 @@ cdef void _log_warnings_only(ggml_log_level level, const char * text, void * use
 ggml_log_set(_log_warnings_only, NULL)
 
 
-def q4_1_kernel_isa(bint allow_vnni=True) -> str:
-    """Which copy of the tiled Q4_1 kernel runs: "avx512vnni" where the CPU has it
+def cpu_kernels_isa(bint allow_vnni=True) -> str:
+    """Which copy of ggserve's CPU kernels runs: "avx512vnni" where the CPU has it
     and allow_vnni, else "avx2" (both give the same floats; tests run each)."""
-    return "avx512vnni" if ggserve_q4_1_matmul_isa(allow_vnni) else "avx2"
+    return "avx512vnni" if ggserve_matmul_isa(allow_vnni) else "avx2"
 
 include "ggml_types.pxi"
 include "ggml_tensors.pxi"
@@ -68,9 +68,9 @@ cdef class Backend:
     cdef Graph _allocated      # the graph the scheduler's buffers hold now
     cdef ggml_threadpool * _threadpool
     cdef int _pool_threads     # the pool's size (steps may use fewer of its threads)
-    # Q4_1 products of two or more rows by ggserve's tiled kernel (the same floats as
-    # ggml's; native/kernels/q4_1_matmul.c): on where the CPU computes everything and runs it
-    cdef public bint tiled_q4_1
+    # Q4_1 products and Q8_0 lone-row products by ggserve's own kernels (the same floats
+    # as ggml's; native/kernels/matmul.c): on where the CPU computes everything and runs them
+    cdef public bint cpu_kernels
 
     def __init__(self, int n_threads=0, bint use_gpu=True, int max_nodes=16384, rpc=()):
         cdef size_t i
@@ -109,7 +109,7 @@ cdef class Backend:
             n += 1
         self.cpu_backend = (<Device>self.devices[-1]).backend
         self.set_n_threads(n_threads if n_threads > 0 else max(1, os.cpu_count() or 1))
-        self.tiled_q4_1 = n == 1 and ggserve_q4_1_matmul_supported() != 0
+        self.cpu_kernels = n == 1 and ggserve_matmul_supported() != 0
         self.sched = ggml_backend_sched_new(backends, NULL, n, max_nodes, False, True)
         if self.sched == NULL:
             raise GGMLError("ggml_backend_sched_new failed")
@@ -167,7 +167,7 @@ cdef class Backend:
             ggml_threadpool_free(old)
 
     def graph(self):
-        return Graph(self.max_nodes, self.tiled_q4_1)
+        return Graph(self.max_nodes, self.cpu_kernels)
 
     # -- memory ------------------------------------------------------------------
 

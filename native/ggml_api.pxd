@@ -270,11 +270,12 @@ cdef extern from "ggml.h":
                                  int n_tasks, void * userdata)
 
 
-cdef extern from "q4_1_matmul.h":
-    # ggserve's own CPU kernel (native/kernels/q4_1_matmul.c), compiled into the ggml extension
-    int ggserve_q4_1_matmul_supported()
-    int ggserve_q4_1_matmul_isa(int allow_vnni)
+cdef extern from "matmul.h":
+    # ggserve's own CPU kernels (native/kernels/matmul.c), compiled into the ggml extension
+    int ggserve_matmul_supported()
+    int ggserve_matmul_isa(int allow_vnni)
     void ggserve_q4_1_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    void ggserve_q8_0_gemv(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
 
 
 cdef extern from "ggml-rpc.h":

@@ -4,6 +4,17 @@
 Q4_1_INLINE_QUANT_ROWS = 16
 
 
+cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
+    """Does one of ggserve's kernels take mul_mat(w, x): weights in host memory (not
+    repacked, not on a device) times f32 rows, Q4_1 with any number of rows, Q8_0 with
+    one (more rows go to llamafile's tiled kernel, which ggml has for Q8_0)."""
+    if x.type != GGML_TYPE_F32 or x.nb[0] != 4 or w.ne[2] != 1 or w.ne[3] != 1 or x.ne[2] != 1 or x.ne[3] != 1:
+        return False
+    if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
+        return False
+    return w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] == 1)
+
+
 cdef class Graph:
     """A compute graph under construction: the ops models are written with.
 
@@ -16,12 +27,12 @@ cdef class Graph:
     cdef readonly list inputs
     cdef readonly int max_nodes
     cdef bint was_allocated    # its tensors hold addresses in a compute buffer
-    cdef readonly bint tiled_q4_1   # mul_mat of Q4_1 weights in host memory by ggserve's kernel
+    cdef readonly bint cpu_kernels   # some products of weights in host memory by ggserve's kernels
 
-    def __cinit__(self, int max_nodes=16384, bint tiled_q4_1=False):
+    def __cinit__(self, int max_nodes=16384, bint cpu_kernels=False):
         cdef ggml_init_params p
         self.max_nodes = max_nodes
-        self.tiled_q4_1 = tiled_q4_1
+        self.cpu_kernels = cpu_kernels
         p.mem_size = ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, False)
         p.mem_buffer = NULL
         p.no_alloc = True
@@ -120,8 +131,8 @@ cdef class Graph:
     def mul_mat(self, Tensor w, Tensor x, bint f32_precision=False, bint hadamard=False):
         """w: [k, m], x: [k, n] -> [m, n]. hadamard: w is a Walsh-Hadamard matrix (the
         CPU backend then runs a fast transform, as llama.cpp's quantized KV rotation)."""
-        if self.tiled_q4_1 and self._tiles_q4_1(w.ptr, x.ptr):
-            return self._t(self._mul_mat_q4_1(w.ptr, x.ptr))
+        if self.cpu_kernels and _own_kernel_takes(w.ptr, x.ptr):
+            return self._t(self._own_mul_mat(w.ptr, x.ptr))
         cdef ggml_tensor * r = ggml_mul_mat(self.ctx, w.ptr, x.ptr)
         if f32_precision:
             ggml_mul_mat_set_prec(r, GGML_PREC_F32)
@@ -129,20 +140,17 @@ cdef class Graph:
             ggml_mul_mat_set_hint(r, GGML_HINT_SRC0_IS_HADAMARD)
         return self._t(r)
 
-    cdef bint _tiles_q4_1(self, ggml_tensor * w, ggml_tensor * x):
-        """Does ggserve's kernel take this product: Q4_1 weights in host memory times f32 rows."""
-        return (w.type == GGML_TYPE_Q4_1 and x.type == GGML_TYPE_F32
-                and w.ne[2] == 1 and w.ne[3] == 1 and x.ne[2] == 1 and x.ne[3] == 1
-                and x.nb[0] == 4 and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer))
-
-    cdef ggml_tensor * _mul_mat_q4_1(self, ggml_tensor * w, ggml_tensor * x):
-        """mul_mat(w, x) by native/kernels/q4_1_matmul.c: the same floats as ggml's.
-        x is quantized to Q8_1 as ggml's mul_mat quantizes it: by a node of its own
-        (all threads share the work) or, for a decode step's few rows, by each thread
-        inside the op (one barrier fewer)."""
+    cdef ggml_tensor * _own_mul_mat(self, ggml_tensor * w, ggml_tensor * x):
+        """mul_mat(w, x) by native/kernels/matmul.c: the same floats as ggml's. A Q4_1
+        product's x is quantized to Q8_1 as ggml's mul_mat quantizes it: by a node of
+        its own (all threads share the work) or, for a decode step's few rows, by each
+        thread inside the op (one barrier fewer); a Q8_0 lone row, inside the op."""
         cdef ggml_tensor * args[2]
         args[0] = w
         args[1] = x
+        if w.type == GGML_TYPE_Q8_0:
+            return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], 1, 1, 1, args, 2,
+                                  ggserve_q8_0_gemv, GGML_N_TASKS_MAX, NULL)
         if x.ne[1] > Q4_1_INLINE_QUANT_ROWS:
             args[1] = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))
         return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,

@@ -1,4 +1,4 @@
-// The tiled Q4_1 x Q8_1 kernel, included by q4_1_matmul.c once per instruction set:
+// The kernels' loops, included by matmul.c once per instruction set:
 // KERNEL(name) names this copy's functions, TARGET its target attribute, and
 // DOT4(qx, qy) its integer dot products of four byte pairs per 32-bit lane
 // (u8 weights x s8 activations; exact, so every copy gives the same floats).
@@ -110,6 +110,46 @@ TARGET static void KERNEL(gemv)(int64_t m0, int64_t m1, int nb, const char * w, 
         _mm256_storeu_ps(sm, summs);
         for (int r = 0; r < TILE_ROWS; r++) {
             out[m + r] = hsum_float_8(acc[r]) + sm[2 * r + 1];
+        }
+    }
+}
+
+// Q8_0: one activation row (y, its scales as floats in yd) against whole groups of
+// TILE_ROWS weight rows [m0, m1), as ggml_vec_dot_q8_0_q8_0 computes each: per block
+// |x| times y signed as x (ggml's mul_sum_i8_pairs_float; no pair can saturate, q8_0
+// holds -127..127), scaled by d_w * d_a into 8 float lanes, then ggml's horizontal sum.
+TARGET static void KERNEL(gemv_q8_0)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
+                                     const block_q8_0 * y, const float * yd, float * out) {
+    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
+        const block_q8_0 * x[TILE_ROWS];
+        __m256 acc[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) {
+            x[r] = (const block_q8_0 *) (w + (m + r) * w_stride);
+            acc[r] = _mm256_setzero_ps();
+        }
+        // the group's rows lie one after the other: fetch the group PREFETCH_GROUPS
+        // ahead, as many bytes an iteration as a block of its four rows holds
+        const char * ahead = (const char *) x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
+        for (int ib = 0; ib < nb; ib++) {
+            for (int i = 0; i < TILE_ROWS * (int) sizeof(block_q8_0); i += 64) {
+                _mm_prefetch(ahead + ib * TILE_ROWS * sizeof(block_q8_0) + i, _MM_HINT_T0);
+            }
+            // each row's d (and, unused, its first two quants): lane 2r
+            int32_t d_bits[TILE_ROWS];
+            for (int r = 0; r < TILE_ROWS; r++) {
+                memcpy(&d_bits[r], &x[r][ib].d, sizeof(int32_t));
+            }
+            const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d_bits)),
+                                               _mm256_set1_ps(yd[ib]));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+            for (int r = 0; r < TILE_ROWS; r++) {
+                const __m256i qx = _mm256_loadu_si256((const __m256i *) x[r][ib].qs);
+                const __m256 xy = _mm256_cvtepi32_ps(DOT4(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)));
+                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * r)), xy, acc[r]);
+            }
+        }
+        for (int r = 0; r < TILE_ROWS; r++) {
+            out[m + r] = hsum_float_8(acc[r]);
         }
     }
 }

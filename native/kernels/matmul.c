@@ -1,15 +1,23 @@
-// Q4_1 weights x Q8_1 activations for batches of rows, bit for bit as ggml's CPU mul_mat.
+// ggserve's own CPU matmul kernels, bit for bit as ggml's CPU mul_mat.
 //
-// ggml computes each output of such a product alone (ggml_vec_dot_q4_1_q8_1, one
-// weight row against one activation row): per 32-value block it unpacks the
-// weight's nibbles and converts four fp16 scales, so a batch of N rows repeats that
-// work N times; llamafile's tiled kernels do not cover Q4_1. Here a tile of weight
-// rows meets a tile of activation rows, the unpacking and conversions are shared
-// across the tile, and every output still takes exactly the arithmetic of
-// ggml's AVX2 kernel in the same order: per block one fused multiply-add of
-// d_w*d_a into 8 float lanes of integer dot products, one fused m_w*s_a into a
-// scalar, then ggml's horizontal sum plus that scalar. So the result is the same
-// float, whatever the tiling, and prompts and verification steps take fewer cycles.
+// Q4_1 weights x Q8_1 activations, any number of rows. ggml computes each output of
+// such a product alone (ggml_vec_dot_q4_1_q8_1, one weight row against one
+// activation row): per 32-value block it unpacks the weight's nibbles and converts
+// four fp16 scales, so a batch of N rows repeats that work N times; llamafile's
+// tiled kernels do not cover Q4_1. Here a tile of weight rows meets a tile of
+// activation rows, the unpacking and conversions are shared across the tile, and
+// every output still takes exactly the arithmetic of ggml's AVX2 kernel in the same
+// order: per block one fused multiply-add of d_w*d_a into 8 float lanes of integer
+// dot products, one fused m_w*s_a into a scalar, then ggml's horizontal sum plus
+// that scalar. So the result is the same float, whatever the tiling, and prompts
+// and verification steps take fewer cycles.
+//
+// Q8_0 weights x one Q8_0 activation row (a decode step's LM head, Q8_0 models'
+// layers): ggml_vec_dot_q8_0_q8_0's arithmetic, four weight rows at a time.
+//
+// A decode step reads every weight once: both lone-row kernels fetch the weights
+// ahead of use, which ggml's row-at-a-time loop does not; that, not the arithmetic,
+// is what makes a decode step faster.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,12 +25,13 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
-#include "q4_1_matmul.h"
+#include "matmul.h"
 
 #define QK 32
 
 typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;   // ggml's layout
 typedef struct { uint16_t d, s; int8_t qs[QK]; } block_q8_1;
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
 
 #define TILE_ROWS 4        // weight rows of a tile
 #define TILE_COLS 2        // activation rows: a tile's 4 x 2 scales fill one 8-float vector
@@ -82,7 +91,7 @@ AVX2 static void col_tile_scales(tile_scales * t, int nb, const char * y, size_t
 #define KERNEL(name) name##_avx2
 #define TARGET AVX2
 #define DOT4(qx, qy) _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(qx, qy))
-#include "q4_1_matmul_kernel.h"
+#include "matmul_isa.h"
 #undef KERNEL
 #undef TARGET
 #undef DOT4
@@ -91,7 +100,7 @@ AVX2 static void col_tile_scales(tile_scales * t, int nb, const char * y, size_t
 #define KERNEL(name) name##_vnni
 #define TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define DOT4(qx, qy) _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy)
-#include "q4_1_matmul_kernel.h"
+#include "matmul_isa.h"
 #undef KERNEL
 #undef TARGET
 #undef DOT4
@@ -113,13 +122,26 @@ AVX2 static float dot(int nb, const block_q4_1 * x, const block_q8_1 * b) {
     return hsum_float_8(acc) + summs;
 }
 
+// One Q8_0 output (the groups' leftovers), exactly as ggml_vec_dot_q8_0_q8_0
+AVX2 static float dot_q8_0(int nb, const block_q8_0 * x, const block_q8_0 * y) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int ib = 0; ib < nb; ib++) {
+        const __m256i qx = _mm256_loadu_si256((const __m256i *) x[ib].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+        const __m256i dot = _mm256_madd_epi16(_mm256_set1_epi16(1),
+                                              _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16(x[ib].d) * fp16(y[ib].d)), _mm256_cvtepi32_ps(dot), acc);
+    }
+    return hsum_float_8(acc);
+}
+
 static int vnni_allowed = 1;
 
 static int has_vnni(void) {
     return vnni_allowed && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 
-int ggserve_q4_1_matmul_isa(int allow_vnni) {
+int ggserve_matmul_isa(int allow_vnni) {
     vnni_allowed = allow_vnni;
     return has_vnni();
 }
@@ -146,8 +168,8 @@ AVX2 static void rows_by_cols(int64_t m0, int64_t m1, int64_t n0, int64_t n1, in
     }
 }
 
-int ggserve_q4_1_matmul_supported(void) {
-    // ggml's Q4_1 dot product is its AVX2 + FMA one only where ggml was built so
+int ggserve_matmul_supported(void) {
+    // ggml's Q4_1 and Q8_0 dot products are its AVX2 + FMA ones only where ggml was built so
     return ggml_cpu_has_avx2() && ggml_cpu_has_fma() && ggml_cpu_has_f16c()
         && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
@@ -217,6 +239,44 @@ void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
             rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1], y, y_stride,
                          out, out_stride, ws, cs);
         }
+    }
+    free(scratch);
+}
+
+// The Q8_0 custom op: dst [M, 1] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, 1]), the
+// row quantized by each thread as ggml's mul_mat quantizes it. Threads split the
+// weight rows in groups of four.
+void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t M = w->ne[1];
+    const int nb = (int) (w->ne[0] / QK);
+    const int64_t groups = (M + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t per_thread = (groups + nth - 1) / nth;
+    const int64_t m0 = ith * per_thread * TILE_ROWS;
+    const int64_t m1 = m0 + per_thread * TILE_ROWS < M ? m0 + per_thread * TILE_ROWS : M;
+    if (m0 >= m1) {
+        return;
+    }
+    const size_t q_bytes = ((size_t) nb * sizeof(block_q8_0) + 63) & ~(size_t) 63;
+    char * scratch = aligned_alloc(64, (q_bytes + nb * sizeof(float) + 63) & ~(size_t) 63);
+    block_q8_0 * y = (block_q8_0 *) scratch;
+    float * yd = (float *) (scratch + q_bytes);
+    ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float((const float *) x->data, y, w->ne[0]);
+    for (int ib = 0; ib < nb; ib++) {
+        yd[ib] = fp16(y[ib].d);
+    }
+    const char * wd = (const char *) w->data;
+    float * out = (float *) dst->data;
+    const int64_t m_groups_end = m0 + (m1 - m0) / TILE_ROWS * TILE_ROWS;
+    if (has_vnni()) {
+        gemv_q8_0_vnni(m0, m_groups_end, nb, wd, w->nb[1], y, yd, out);
+    } else {
+        gemv_q8_0_avx2(m0, m_groups_end, nb, wd, w->nb[1], y, yd, out);
+    }
+    for (int64_t m = m_groups_end; m < m1; m++) {
+        out[m] = dot_q8_0(nb, (const block_q8_0 *) (wd + m * w->nb[1]), y);
     }
     free(scratch);
 }

@@ -1,0 +1,14 @@
+// ggserve's own CPU matmul kernels, bit for bit as ggml's CPU mul_mat (matmul.c).
+#pragma once
+#include "ggml.h"
+
+// nonzero where ggml's own Q4_1 and Q8_0 kernels are its AVX2 + FMA ones and this CPU runs them
+int ggserve_matmul_supported(void);
+// allow_vnni 0: the AVX2 copies even where AVX512-VNNI runs (tests reach both);
+// returns whether the VNNI copies are in use
+int ggserve_matmul_isa(int allow_vnni);
+// ggml_custom_4d ops:
+// dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 or F32)
+void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+// dst [M, 1] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, 1])
+void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata);
