@@ -2,17 +2,19 @@
 
 # Q4_1 products of at most this many rows quantize their activations inside the op
 Q4_1_INLINE_QUANT_ROWS = 16
+# Q8_0 products of at most this many rows take ggserve's kernel
+Q8_0_MAX_ROWS = 16
 
 
 cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
     """Does one of ggserve's kernels take mul_mat(w, x): weights in host memory (not
     repacked, not on a device) times f32 rows, Q4_1 with any number of rows, Q8_0 with
-    one (more rows go to llamafile's tiled kernel, which ggml has for Q8_0)."""
+    a decode step's few (more go to llamafile's tiled kernel, which ggml has for Q8_0)."""
     if x.type != GGML_TYPE_F32 or x.nb[0] != 4 or w.ne[2] != 1 or w.ne[3] != 1 or x.ne[2] != 1 or x.ne[3] != 1:
         return False
     if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
         return False
-    return w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] == 1)
+    return w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= Q8_0_MAX_ROWS)
 
 
 cdef class Graph:
@@ -149,7 +151,7 @@ cdef class Graph:
         args[0] = w
         args[1] = x
         if w.type == GGML_TYPE_Q8_0:
-            return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], 1, 1, 1, args, 2,
+            return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                                   ggserve_q8_0_gemv, GGML_N_TASKS_MAX, NULL)
         if x.ne[1] > Q4_1_INLINE_QUANT_ROWS:
             args[1] = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))

@@ -80,16 +80,19 @@ def test_q4_1_product_equals_ggml_bit_for_bit(backend, smollm2_weights, isa, nam
     assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
-# the LM head whole, and 1026 rows: two past the last group of four
+# the LM head whole, and 1026 rows: two past the last group of four; a decode step's
+# rows (one stream, an odd number of streams or drafted tokens, the most the kernel takes)
 @pytest.mark.parametrize("m", [49152, 1026])
-def test_q8_0_lone_row_equals_ggml_bit_for_bit(backend, smollm2_weights, isa, m):
-    x = _x(1, smollm2_weights["token_embd.weight"][1])
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 9, 16])
+def test_q8_0_product_of_a_few_rows_equals_ggml_bit_for_bit(backend, smollm2_weights, isa, m, n_rows):
+    x = _x(n_rows, smollm2_weights["token_embd.weight"][1])
     ours, ops = _product(backend, smollm2_weights, "token_embd.weight", m, x, own=True)
     theirs, _ = _product(backend, smollm2_weights, "token_embd.weight", m, x, own=False)
     assert ops == ["CUSTOM"]
     assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
-def test_q8_0_products_of_several_rows_stay_with_ggmls_tiled_kernel(backend, smollm2_weights):
-    _, ops = _product(backend, smollm2_weights, "token_embd.weight", 1024, _x(2, 576), own=True)
+def test_q8_0_products_of_more_rows_stay_with_ggmls_tiled_kernel(backend, smollm2_weights):
+    n_rows = ggml.Q8_0_MAX_ROWS + 1
+    _, ops = _product(backend, smollm2_weights, "token_embd.weight", 1024, _x(n_rows, 576), own=True)
     assert ops == ["MUL_MAT"]

@@ -12,8 +12,9 @@
 // that scalar. So the result is the same float, whatever the tiling, and prompts
 // and verification steps take fewer cycles.
 //
-// Q8_0 weights x one Q8_0 activation row (a decode step's LM head, Q8_0 models'
-// layers): ggml_vec_dot_q8_0_q8_0's arithmetic, four weight rows at a time.
+// Q8_0 weights x a few Q8_0 activation rows (a decode step's LM head, Q8_0 models'
+// layers in decode steps): ggml_vec_dot_q8_0_q8_0's arithmetic, four weight rows at
+// a time, two activation rows at a time.
 //
 // A decode step reads every weight once: both lone-row kernels fetch the weights
 // ahead of use, which ggml's row-at-a-time loop does not; that, not the arithmetic,
@@ -243,14 +244,14 @@ void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
     free(scratch);
 }
 
-// The Q8_0 custom op: dst [M, 1] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, 1]), the
-// row quantized by each thread as ggml's mul_mat quantizes it. Threads split the
-// weight rows in groups of four.
+// The Q8_0 custom op: dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N], a
+// few rows), the rows quantized by each thread as ggml's mul_mat quantizes them.
+// Threads split the weight rows in groups of four.
 void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
     const struct ggml_tensor * x = dst->src[1];
-    const int64_t M = w->ne[1];
+    const int64_t M = w->ne[1], N = x->ne[1];
     const int nb = (int) (w->ne[0] / QK);
     const int64_t groups = (M + TILE_ROWS - 1) / TILE_ROWS;
     const int64_t per_thread = (groups + nth - 1) / nth;
@@ -259,24 +260,37 @@ void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userda
     if (m0 >= m1) {
         return;
     }
-    const size_t q_bytes = ((size_t) nb * sizeof(block_q8_0) + 63) & ~(size_t) 63;
-    char * scratch = aligned_alloc(64, (q_bytes + nb * sizeof(float) + 63) & ~(size_t) 63);
-    block_q8_0 * y = (block_q8_0 *) scratch;
+    const size_t q_row = (size_t) nb * sizeof(block_q8_0);
+    const size_t q_bytes = (q_row * N + 63) & ~(size_t) 63;
+    char * scratch = aligned_alloc(64, (q_bytes + N * nb * sizeof(float) + 63) & ~(size_t) 63);
     float * yd = (float *) (scratch + q_bytes);
-    ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float((const float *) x->data, y, w->ne[0]);
-    for (int ib = 0; ib < nb; ib++) {
-        yd[ib] = fp16(y[ib].d);
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    for (int64_t n = 0; n < N; n++) {
+        const block_q8_0 * y = (const block_q8_0 *) (scratch + n * q_row);
+        quantize((const float *) ((const char *) x->data + n * x->nb[1]), scratch + n * q_row, w->ne[0]);
+        for (int ib = 0; ib < nb; ib++) {
+            yd[n * nb + ib] = fp16(y[ib].d);
+        }
     }
     const char * wd = (const char *) w->data;
     float * out = (float *) dst->data;
+    const size_t out_stride = dst->nb[1] / sizeof(float);
     const int64_t m_groups_end = m0 + (m1 - m0) / TILE_ROWS * TILE_ROWS;
-    if (has_vnni()) {
+    const block_q8_0 * y = (const block_q8_0 *) scratch;
+    if (N == 1 && has_vnni()) {
         gemv_q8_0_vnni(m0, m_groups_end, nb, wd, w->nb[1], y, yd, out);
-    } else {
+    } else if (N == 1) {
         gemv_q8_0_avx2(m0, m_groups_end, nb, wd, w->nb[1], y, yd, out);
+    } else if (has_vnni()) {
+        gemm_q8_0_vnni(m0, m_groups_end, nb, wd, w->nb[1], scratch, q_row, yd, N, out, out_stride);
+    } else {
+        gemm_q8_0_avx2(m0, m_groups_end, nb, wd, w->nb[1], scratch, q_row, yd, N, out, out_stride);
     }
     for (int64_t m = m_groups_end; m < m1; m++) {
-        out[m] = dot_q8_0(nb, (const block_q8_0 *) (wd + m * w->nb[1]), y);
+        for (int64_t n = 0; n < N; n++) {
+            out[n * out_stride + m] = dot_q8_0(nb, (const block_q8_0 *) (wd + m * w->nb[1]),
+                                               (const block_q8_0 *) (scratch + n * q_row));
+        }
     }
     free(scratch);
 }

@@ -10,5 +10,5 @@ int ggserve_matmul_isa(int allow_vnni);
 // ggml_custom_4d ops:
 // dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 or F32)
 void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
-// dst [M, 1] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, 1])
+// dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N]), N a few rows
 void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata);

@@ -154,3 +154,60 @@ TARGET static void KERNEL(gemv_q8_0)(int64_t m0, int64_t m1, int nb, const char 
     }
 }
 #undef unpack_nibbles
+
+// Q8_0: a few activation rows (y, y_stride bytes apart, their scales as floats in
+// yd[n * nb + ib]) against whole groups of TILE_ROWS weight rows [m0, m1): a step's
+// LM head over several streams or a verified draft. Two activation rows at a time
+// meet the group's weights, fetched ahead as in gemv_q8_0; per output the
+// arithmetic of ggml_vec_dot_q8_0_q8_0.
+TARGET static void KERNEL(gemm_q8_0)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
+                                     const char * y, size_t y_stride, const float * yd, int64_t N,
+                                     float * out, size_t out_stride) {
+    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
+        const block_q8_0 * x[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) {
+            x[r] = (const block_q8_0 *) (w + (m + r) * w_stride);
+        }
+        const char * ahead = (const char *) x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
+        for (int64_t n = 0; n < N; n += 2) {
+            const int C = N - n < 2 ? 1 : 2;
+            const block_q8_0 * b[2] = { (const block_q8_0 *) (y + n * y_stride),
+                                        (const block_q8_0 *) (y + (n + C - 1) * y_stride) };
+            const float * bd[2] = { yd + n * nb, yd + (n + C - 1) * nb };
+            __m256 acc[TILE_ROWS][2];
+            for (int r = 0; r < TILE_ROWS; r++) {
+                acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+            }
+            for (int ib = 0; ib < nb; ib++) {
+                if (n == 0) {
+                    for (int i = 0; i < TILE_ROWS * (int) sizeof(block_q8_0); i += 64) {
+                        _mm_prefetch(ahead + ib * TILE_ROWS * sizeof(block_q8_0) + i, _MM_HINT_T0);
+                    }
+                }
+                int32_t d_bits[TILE_ROWS];
+                for (int r = 0; r < TILE_ROWS; r++) {
+                    memcpy(&d_bits[r], &x[r][ib].d, sizeof(int32_t));
+                }
+                const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d_bits));   // lane 2r
+                const __m256 scale[2] = { _mm256_mul_ps(dw, _mm256_set1_ps(bd[0][ib])),
+                                          _mm256_mul_ps(dw, _mm256_set1_ps(bd[1][ib])) };
+                const __m256i qy[2] = { _mm256_loadu_si256((const __m256i *) b[0][ib].qs),
+                                        _mm256_loadu_si256((const __m256i *) b[1][ib].qs) };
+                for (int r = 0; r < TILE_ROWS; r++) {
+                    const __m256i qx = _mm256_loadu_si256((const __m256i *) x[r][ib].qs);
+                    const __m256i ax = _mm256_sign_epi8(qx, qx);
+                    for (int c = 0; c < 2; c++) {
+                        const __m256 xy = _mm256_cvtepi32_ps(DOT4(ax, _mm256_sign_epi8(qy[c], qx)));
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale[c], _mm256_set1_epi32(2 * r)),
+                                                    xy, acc[r][c]);
+                    }
+                }
+            }
+            for (int c = 0; c < C; c++) {
+                for (int r = 0; r < TILE_ROWS; r++) {
+                    out[(n + c) * out_stride + m + r] = hsum_float_8(acc[r][c]);
+                }
+            }
+        }
+    }
+}
