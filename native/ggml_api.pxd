@@ -275,7 +275,8 @@ cdef extern from "matmul.h":
     int ggserve_matmul_supported()
     int ggserve_matmul_isa(int allow_vnni)
     void ggserve_q4_1_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
-    void ggserve_q8_0_gemv(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    void ggserve_q8_0_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    enum: FEW_ROWS_MAX
 
 
 cdef extern from "ggml-rpc.h":

@@ -1,9 +1,8 @@
 # Included by ggml.pyx: the graph under construction and its ops (one extension module).
 
-# Q4_1 products of at most this many rows quantize their activations inside the op
-Q4_1_INLINE_QUANT_ROWS = 16
-# Q8_0 products of at most this many rows take ggserve's kernel
-Q8_0_MAX_ROWS = 16
+# products of at most this many rows (a decode step's) quantize their activations
+# inside ggserve's kernels; Q8_0 products of more rows stay with ggml
+CPU_KERNEL_FEW_ROWS = FEW_ROWS_MAX
 
 
 cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
@@ -14,7 +13,7 @@ cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
         return False
     if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
         return False
-    return w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= Q8_0_MAX_ROWS)
+    return w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= FEW_ROWS_MAX)
 
 
 cdef class Graph:
@@ -152,8 +151,8 @@ cdef class Graph:
         args[1] = x
         if w.type == GGML_TYPE_Q8_0:
             return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
-                                  ggserve_q8_0_gemv, GGML_N_TASKS_MAX, NULL)
-        if x.ne[1] > Q4_1_INLINE_QUANT_ROWS:
+                                  ggserve_q8_0_matmul, GGML_N_TASKS_MAX, NULL)
+        if x.ne[1] > FEW_ROWS_MAX:
             args[1] = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))
         return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                               ggserve_q4_1_matmul, GGML_N_TASKS_MAX, NULL)

@@ -69,13 +69,13 @@ def _x(n_rows, k):
 
 # (matrix, its first m rows): 190 leaves two rows past the last whole group of four
 @pytest.mark.parametrize("name, m", [("blk.0.ffn_up.weight", 1536), ("blk.3.attn_k.weight", 190)])
-@pytest.mark.parametrize("n_rows", [1, 2, 3, 9, 49, 130])
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 9, 16, 17, 49, 130])
 def test_q4_1_product_equals_ggml_bit_for_bit(backend, smollm2_weights, isa, name, m, n_rows):
     x = _x(n_rows, smollm2_weights[name][1])
     ours, ops = _product(backend, smollm2_weights, name, m, x, own=True)
     theirs, ggml_ops = _product(backend, smollm2_weights, name, m, x, own=False)
     # a decode step's few rows are quantized inside the op, more by a node of their own
-    assert ops == (["CUSTOM"] if n_rows <= ggml.Q4_1_INLINE_QUANT_ROWS else ["CPY", "CUSTOM"])
+    assert ops == (["CUSTOM"] if n_rows <= ggml.CPU_KERNEL_FEW_ROWS else ["CPY", "CUSTOM"])
     assert ggml_ops == ["MUL_MAT"]
     assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
@@ -93,6 +93,6 @@ def test_q8_0_product_of_a_few_rows_equals_ggml_bit_for_bit(backend, smollm2_wei
 
 
 def test_q8_0_products_of_more_rows_stay_with_ggmls_tiled_kernel(backend, smollm2_weights):
-    n_rows = ggml.Q8_0_MAX_ROWS + 1
+    n_rows = ggml.CPU_KERNEL_FEW_ROWS + 1
     _, ops = _product(backend, smollm2_weights, "token_embd.weight", 1024, _x(n_rows, 576), own=True)
     assert ops == ["MUL_MAT"]

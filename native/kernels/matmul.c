@@ -14,11 +14,11 @@
 //
 // Q8_0 weights x a few Q8_0 activation rows (a decode step's LM head, Q8_0 models'
 // layers in decode steps): ggml_vec_dot_q8_0_q8_0's arithmetic, four weight rows at
-// a time, two activation rows at a time.
+// a time, two activation rows at a time. (More rows: llamafile's tiled kernel.)
 //
-// A decode step reads every weight once: both lone-row kernels fetch the weights
-// ahead of use, which ggml's row-at-a-time loop does not; that, not the arithmetic,
-// is what makes a decode step faster.
+// A decode step reads every weight once: for a few activation rows both kernels
+// fetch the weights ahead of use, which ggml's row-at-a-time loop does not; that,
+// more than the arithmetic, is what makes a decode step faster.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -175,122 +175,110 @@ int ggserve_matmul_supported(void) {
         && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-// One activation row: the weight rows [m0, m1) in groups of TILE_ROWS, the rest one by one.
-AVX2 static void one_row(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
-                         const block_q8_1 * y, float * out, float * scratch) {
-    float * yd = scratch, * ys = scratch + nb;
-    for (int ib = 0; ib < nb; ib++) {
-        yd[ib] = fp16(y[ib].d);
-        ys[ib] = fp16(y[ib].s);
+// Weight rows [m0, m1) of a Q4_1 or Q8_0 matrix against N <= FEW_ROWS_MAX activation
+// rows (quantized, q_row bytes apart): groups of TILE_ROWS by few_rows, the rest one
+// by one. scratch: 2 * N * nb floats.
+AVX2 static void few_rows(int q8_0, int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
+                          const char * y, size_t q_row, int64_t N, float * out, size_t out_stride, float * scratch) {
+    float * yd = scratch, * ys = scratch + N * nb;
+    for (int64_t n = 0; n < N; n++) {
+        for (int ib = 0; ib < nb; ib++) {
+            if (q8_0) {
+                yd[n * nb + ib] = fp16(((const block_q8_0 *) (y + n * q_row))[ib].d);
+            } else {
+                yd[n * nb + ib] = fp16(((const block_q8_1 *) (y + n * q_row))[ib].d);
+                ys[n * nb + ib] = fp16(((const block_q8_1 *) (y + n * q_row))[ib].s);
+            }
+        }
     }
     const int64_t m_groups_end = m0 + (m1 - m0) / TILE_ROWS * TILE_ROWS;
     if (has_vnni()) {
-        gemv_vnni(m0, m_groups_end, nb, w, w_stride, y, yd, ys, out);
+        few_rows_vnni(q8_0, m0, m_groups_end, nb, w, w_stride, y, q_row, yd, ys, N, out, out_stride);
     } else {
-        gemv_avx2(m0, m_groups_end, nb, w, w_stride, y, yd, ys, out);
+        few_rows_avx2(q8_0, m0, m_groups_end, nb, w, w_stride, y, q_row, yd, ys, N, out, out_stride);
     }
     for (int64_t m = m_groups_end; m < m1; m++) {
-        out[m] = dot(nb, (const block_q4_1 *) (w + m * w_stride), y);
+        for (int64_t n = 0; n < N; n++) {
+            out[n * out_stride + m] = q8_0
+                ? dot_q8_0(nb, (const block_q8_0 *) (w + m * w_stride), (const block_q8_0 *) (y + n * q_row))
+                : dot(nb, (const block_q4_1 *) (w + m * w_stride), (const block_q8_1 *) (y + n * q_row));
+        }
     }
 }
 
-// The custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 as
-// ggml's mul_mat quantizes it, or F32: each thread quantizes it so itself, for the
-// few rows of a decode step, where a node of its own would cost more than it saves).
-// Threads split the weight rows in whole tiles; each walks its rows once per block
-// of COL_BLOCK activation rows.
+// This thread's weight rows [*m0, *m1) of M: whole groups of TILE_ROWS, split evenly.
+static int thread_rows(int64_t M, int ith, int nth, int64_t * m0, int64_t * m1) {
+    const int64_t groups = (M + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t per_thread = (groups + nth - 1) / nth;
+    *m0 = ith * per_thread * TILE_ROWS;
+    *m1 = *m0 + per_thread * TILE_ROWS < M ? *m0 + per_thread * TILE_ROWS : M;
+    return *m0 < *m1;
+}
+
+// x's rows quantized by ggml's own from_float for `type` into scratch (q_row bytes apart).
+static void quantize_rows(enum ggml_type type, const struct ggml_tensor * x, int64_t k, size_t q_row, char * scratch) {
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(type)->from_float;
+    for (int64_t n = 0; n < x->ne[1]; n++) {
+        quantize((const float *) ((const char *) x->data + n * x->nb[1]), scratch + n * q_row, k);
+    }
+}
+
+// The Q4_1 custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 as
+// ggml's mul_mat quantizes it, or F32 for N <= FEW_ROWS_MAX: each thread quantizes it
+// so itself, for the few rows of a decode step, where a node of its own would cost
+// more than it saves). Threads split the weight rows in whole groups; a few rows take
+// few_rows, more the tiles, each thread walking its rows once per block of COL_BLOCK
+// activation rows.
 void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
     const struct ggml_tensor * x = dst->src[1];
     const int64_t M = w->ne[1], N = x->ne[1];
     const int nb = (int) (w->ne[0] / QK);
-    const int64_t tiles = (M + TILE_ROWS - 1) / TILE_ROWS;
-    const int64_t per_thread = (tiles + nth - 1) / nth;
-    const int64_t m0 = ith * per_thread * TILE_ROWS;
-    const int64_t m1 = m0 + per_thread * TILE_ROWS < M ? m0 + per_thread * TILE_ROWS : M;
-    if (m0 >= m1) {
+    int64_t m0, m1;
+    if (!thread_rows(M, ith, nth, &m0, &m1)) {
         return;
     }
     const size_t q_row = (size_t) nb * sizeof(block_q8_1);
-    // scratch per call: the quantized rows (F32 input), then the activation row's scales
-    // (one row) or the tiles' scales
-    const size_t n_scales = N == 1 ? 2 * (size_t) nb : SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
-    const size_t q_bytes = x->type == GGML_TYPE_F32 ? ((q_row * N + 63) & ~(size_t) 63) : 0;
+    const int few = x->type == GGML_TYPE_F32;
+    // scratch per call: the quantized rows (F32 input), then their scales (few rows)
+    // or the tiles' scales
+    const size_t q_bytes = few ? ((q_row * N + 63) & ~(size_t) 63) : 0;
+    const size_t n_scales = few ? 2 * (size_t) N * nb : SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
     char * scratch = aligned_alloc(64, (q_bytes + n_scales * sizeof(float) + 63) & ~(size_t) 63);
-    const char * y = (const char *) x->data;
-    size_t y_stride = x->nb[1];
-    if (x->type == GGML_TYPE_F32) {
-        const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float;
-        for (int64_t n = 0; n < N; n++) {
-            quantize((const float *) (y + n * y_stride), scratch + n * q_row, w->ne[0]);
-        }
-        y = scratch;
-        y_stride = q_row;
-    }
     float * out = (float *) dst->data;
     const size_t out_stride = dst->nb[1] / sizeof(float);
-    tile_scales * ws = (tile_scales *) (scratch + q_bytes);
-    if (N == 1) {
-        one_row(m0, m1, nb, (const char *) w->data, w->nb[1], (const block_q8_1 *) y, out, ws);
+    float * scales = (float *) (scratch + q_bytes);
+    if (few) {
+        quantize_rows(GGML_TYPE_Q8_1, x, w->ne[0], q_row, scratch);
+        few_rows(0, m0, m1, nb, (const char *) w->data, w->nb[1], scratch, q_row, N, out, out_stride, scales);
     } else {
-        tile_scales * cs = ws + SCALES_PER_TILE(nb);
         for (int64_t n0 = 0; n0 < N; n0 += COL_BLOCK) {
             const int64_t n1 = n0 + COL_BLOCK < N ? n0 + COL_BLOCK : N;
-            rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1], y, y_stride,
-                         out, out_stride, ws, cs);
+            rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1], (const char *) x->data, x->nb[1],
+                         out, out_stride, scales, scales + SCALES_PER_TILE(nb));
         }
     }
     free(scratch);
 }
 
-// The Q8_0 custom op: dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N], a
-// few rows), the rows quantized by each thread as ggml's mul_mat quantizes them.
-// Threads split the weight rows in groups of four.
-void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+// The Q8_0 custom op: dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N],
+// N <= FEW_ROWS_MAX), the rows quantized by each thread as ggml's mul_mat quantizes them.
+void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
     const struct ggml_tensor * x = dst->src[1];
     const int64_t M = w->ne[1], N = x->ne[1];
     const int nb = (int) (w->ne[0] / QK);
-    const int64_t groups = (M + TILE_ROWS - 1) / TILE_ROWS;
-    const int64_t per_thread = (groups + nth - 1) / nth;
-    const int64_t m0 = ith * per_thread * TILE_ROWS;
-    const int64_t m1 = m0 + per_thread * TILE_ROWS < M ? m0 + per_thread * TILE_ROWS : M;
-    if (m0 >= m1) {
+    int64_t m0, m1;
+    if (!thread_rows(M, ith, nth, &m0, &m1)) {
         return;
     }
     const size_t q_row = (size_t) nb * sizeof(block_q8_0);
     const size_t q_bytes = (q_row * N + 63) & ~(size_t) 63;
-    char * scratch = aligned_alloc(64, (q_bytes + N * nb * sizeof(float) + 63) & ~(size_t) 63);
-    float * yd = (float *) (scratch + q_bytes);
-    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-    for (int64_t n = 0; n < N; n++) {
-        const block_q8_0 * y = (const block_q8_0 *) (scratch + n * q_row);
-        quantize((const float *) ((const char *) x->data + n * x->nb[1]), scratch + n * q_row, w->ne[0]);
-        for (int ib = 0; ib < nb; ib++) {
-            yd[n * nb + ib] = fp16(y[ib].d);
-        }
-    }
-    const char * wd = (const char *) w->data;
-    float * out = (float *) dst->data;
-    const size_t out_stride = dst->nb[1] / sizeof(float);
-    const int64_t m_groups_end = m0 + (m1 - m0) / TILE_ROWS * TILE_ROWS;
-    const block_q8_0 * y = (const block_q8_0 *) scratch;
-    if (N == 1 && has_vnni()) {
-        gemv_q8_0_vnni(m0, m_groups_end, nb, wd, w->nb[1], y, yd, out);
-    } else if (N == 1) {
-        gemv_q8_0_avx2(m0, m_groups_end, nb, wd, w->nb[1], y, yd, out);
-    } else if (has_vnni()) {
-        gemm_q8_0_vnni(m0, m_groups_end, nb, wd, w->nb[1], scratch, q_row, yd, N, out, out_stride);
-    } else {
-        gemm_q8_0_avx2(m0, m_groups_end, nb, wd, w->nb[1], scratch, q_row, yd, N, out, out_stride);
-    }
-    for (int64_t m = m_groups_end; m < m1; m++) {
-        for (int64_t n = 0; n < N; n++) {
-            out[n * out_stride + m] = dot_q8_0(nb, (const block_q8_0 *) (wd + m * w->nb[1]),
-                                               (const block_q8_0 *) (scratch + n * q_row));
-        }
-    }
+    char * scratch = aligned_alloc(64, (q_bytes + 2 * N * nb * sizeof(float) + 63) & ~(size_t) 63);
+    quantize_rows(GGML_TYPE_Q8_0, x, w->ne[0], q_row, scratch);
+    few_rows(1, m0, m1, nb, (const char *) w->data, w->nb[1], scratch, q_row, N,
+             (float *) dst->data, dst->nb[1] / sizeof(float), (float *) (scratch + q_bytes));
     free(scratch);
 }

@@ -8,7 +8,10 @@ int ggserve_matmul_supported(void);
 // returns whether the VNNI copies are in use
 int ggserve_matmul_isa(int allow_vnni);
 // ggml_custom_4d ops:
-// dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 or F32)
+// dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1, or F32 for N <= FEW_ROWS_MAX)
 void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
-// dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N]), N a few rows
-void ggserve_q8_0_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+// dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N], N <= FEW_ROWS_MAX)
+void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+
+// a decode step's rows: quantized inside the op, the weights streamed once
+#define FEW_ROWS_MAX 16

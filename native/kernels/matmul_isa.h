@@ -69,145 +69,140 @@ TARGET static void KERNEL(tiles)(int64_t m0, int64_t m1, int64_t n0, int64_t n1,
     }
 }
 
-// One activation row (y, its scales as floats in yd and ys) against whole groups of
-// TILE_ROWS weight rows [m0, m1): a decode step's product. The four rows' fp16
-// scales convert together (lanes 2r: d, 2r + 1: m); per row and block the same
-// arithmetic as ggml_vec_dot_q4_1_q8_1.
-TARGET static void KERNEL(gemv)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
-                                const block_q8_1 * y, const float * yd, const float * ys, float * out) {
-    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
-        const block_q4_1 * x[TILE_ROWS];
+// A few activation rows against whole groups of TILE_ROWS weight rows [m0, m1): the
+// products of a decode step (one row per stream, a verified draft's rows). Weights
+// stream from memory once, fetched PREFETCH_GROUPS groups ahead (the group's rows lie
+// one after the other); one or two activation rows at a time meet a group. The
+// group's fp16 scales convert together, one 32-bit load a row (lane 2r: the row's d,
+// lane 2r + 1: its m for Q4_1, two quants for Q8_0, unused).
+//
+// Q4_1 x Q8_1, per output ggml_vec_dot_q4_1_q8_1's arithmetic. C activation rows at
+// y (y_stride apart, scales as floats yd[c * nb + ib] and ys) against one group.
+TARGET static inline __attribute__((always_inline)) void KERNEL(group_q4_1)(
+        const int C, int nb, const char * const * rows, const char * prefetch,
+        const char * y, size_t y_stride, const float * yd, const float * ys, float * out, size_t out_stride) {
+    const block_q4_1 * x[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        x[r] = (const block_q4_1 *) rows[r];
+    }
+    __m256 acc[TILE_ROWS][2], summs[2];
+    for (int c = 0; c < C; c++) {
+        summs[c] = _mm256_setzero_ps();          // odd lanes: the rows' m_w * s_a sums
         for (int r = 0; r < TILE_ROWS; r++) {
-            x[r] = (const block_q4_1 *) (w + (m + r) * w_stride);
+            acc[r][c] = _mm256_setzero_ps();
         }
-        __m256 acc[TILE_ROWS];
+    }
+    for (int ib = 0; ib < nb; ib++) {
+        if (prefetch != NULL) {                  // a group's nb * 4 blocks: 80 bytes an iteration
+            _mm_prefetch(prefetch + ib * 80, _MM_HINT_T0);
+            _mm_prefetch(prefetch + ib * 80 + 64, _MM_HINT_T0);
+        }
+        int32_t dm_bits[TILE_ROWS];
         for (int r = 0; r < TILE_ROWS; r++) {
-            acc[r] = _mm256_setzero_ps();
+            memcpy(&dm_bits[r], &x[r][ib].d, sizeof(int32_t));
         }
-        __m256 summs = _mm256_setzero_ps();      // odd lanes: the rows' m_w * s_a sums
-        // the group's rows lie one after the other: nb * 4 blocks of 20 bytes; fetch those of
-        // the group PREFETCH_GROUPS ahead, 80 bytes an iteration
-        const char * ahead = (const char *) x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
-        for (int ib = 0; ib < nb; ib++) {
-            _mm_prefetch(ahead + ib * 80, _MM_HINT_T0);
-            _mm_prefetch(ahead + ib * 80 + 64, _MM_HINT_T0);
-            // each row's (d, m) pair: one 32-bit load a row, converted together
-            int32_t dm_bits[TILE_ROWS];
-            for (int r = 0; r < TILE_ROWS; r++) {
-                memcpy(&dm_bits[r], &x[r][ib].d, sizeof(int32_t));
-            }
-            const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dm_bits));
-            const __m256 scale = _mm256_mul_ps(dm, _mm256_set1_ps(yd[ib]));   // lane 2r: d_w * d_a
-            summs = _mm256_fmadd_ps(dm, _mm256_set1_ps(ys[ib]), summs);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
-            for (int r = 0; r < TILE_ROWS; r++) {
-                const __m256i qx = unpack_nibbles(x[r][ib].qs);
-                const __m256 xy = _mm256_cvtepi32_ps(DOT4(qx, qy));
-                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * r)), xy, acc[r]);
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dm_bits));
+        __m256 scale[2];
+        __m256i qy[2];
+        for (int c = 0; c < C; c++) {
+            scale[c] = _mm256_mul_ps(dm, _mm256_set1_ps(yd[c * nb + ib]));   // lane 2r: d_w * d_a
+            summs[c] = _mm256_fmadd_ps(dm, _mm256_set1_ps(ys[c * nb + ib]), summs[c]);
+            qy[c] = _mm256_loadu_si256((const __m256i *) ((const block_q8_1 *) (y + c * y_stride) + ib)->qs);
+        }
+        for (int r = 0; r < TILE_ROWS; r++) {
+            const __m256i qx = unpack_nibbles(x[r][ib].qs);
+            for (int c = 0; c < C; c++) {
+                const __m256 xy = _mm256_cvtepi32_ps(DOT4(qx, qy[c]));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale[c], _mm256_set1_epi32(2 * r)), xy, acc[r][c]);
             }
         }
+    }
+    for (int c = 0; c < C; c++) {
         float sm[8];
-        _mm256_storeu_ps(sm, summs);
+        _mm256_storeu_ps(sm, summs[c]);
         for (int r = 0; r < TILE_ROWS; r++) {
-            out[m + r] = hsum_float_8(acc[r]) + sm[2 * r + 1];
+            out[c * out_stride + r] = hsum_float_8(acc[r][c]) + sm[2 * r + 1];
         }
     }
 }
 
-// Q8_0: one activation row (y, its scales as floats in yd) against whole groups of
-// TILE_ROWS weight rows [m0, m1), as ggml_vec_dot_q8_0_q8_0 computes each: per block
-// |x| times y signed as x (ggml's mul_sum_i8_pairs_float; no pair can saturate, q8_0
-// holds -127..127), scaled by d_w * d_a into 8 float lanes, then ggml's horizontal sum.
-TARGET static void KERNEL(gemv_q8_0)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
-                                     const block_q8_0 * y, const float * yd, float * out) {
-    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
-        const block_q8_0 * x[TILE_ROWS];
-        __m256 acc[TILE_ROWS];
+// Q8_0 x Q8_0, per output ggml_vec_dot_q8_0_q8_0's arithmetic: per block |x| times y
+// signed as x (ggml's mul_sum_i8_pairs_float; no pair can saturate, q8_0 holds
+// -127..127), scaled by d_w * d_a into 8 float lanes, then ggml's horizontal sum.
+TARGET static inline __attribute__((always_inline)) void KERNEL(group_q8_0)(
+        const int C, int nb, const char * const * rows, const char * prefetch,
+        const char * y, size_t y_stride, const float * yd, float * out, size_t out_stride) {
+    const block_q8_0 * x[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        x[r] = (const block_q8_0 *) rows[r];
+    }
+    __m256 acc[TILE_ROWS][2];
+    for (int c = 0; c < C; c++) {
         for (int r = 0; r < TILE_ROWS; r++) {
-            x[r] = (const block_q8_0 *) (w + (m + r) * w_stride);
-            acc[r] = _mm256_setzero_ps();
+            acc[r][c] = _mm256_setzero_ps();
         }
-        // the group's rows lie one after the other: fetch the group PREFETCH_GROUPS
-        // ahead, as many bytes an iteration as a block of its four rows holds
-        const char * ahead = (const char *) x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
-        for (int ib = 0; ib < nb; ib++) {
+    }
+    for (int ib = 0; ib < nb; ib++) {
+        if (prefetch != NULL) {                  // a group's four blocks: 136 bytes an iteration
             for (int i = 0; i < TILE_ROWS * (int) sizeof(block_q8_0); i += 64) {
-                _mm_prefetch(ahead + ib * TILE_ROWS * sizeof(block_q8_0) + i, _MM_HINT_T0);
-            }
-            // each row's d (and, unused, its first two quants): lane 2r
-            int32_t d_bits[TILE_ROWS];
-            for (int r = 0; r < TILE_ROWS; r++) {
-                memcpy(&d_bits[r], &x[r][ib].d, sizeof(int32_t));
-            }
-            const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d_bits)),
-                                               _mm256_set1_ps(yd[ib]));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
-            for (int r = 0; r < TILE_ROWS; r++) {
-                const __m256i qx = _mm256_loadu_si256((const __m256i *) x[r][ib].qs);
-                const __m256 xy = _mm256_cvtepi32_ps(DOT4(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)));
-                acc[r] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(2 * r)), xy, acc[r]);
+                _mm_prefetch(prefetch + ib * TILE_ROWS * sizeof(block_q8_0) + i, _MM_HINT_T0);
             }
         }
+        int32_t d_bits[TILE_ROWS];
         for (int r = 0; r < TILE_ROWS; r++) {
-            out[m + r] = hsum_float_8(acc[r]);
+            memcpy(&d_bits[r], &x[r][ib].d, sizeof(int32_t));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d_bits));
+        __m256 scale[2];
+        __m256i qy[2];
+        for (int c = 0; c < C; c++) {
+            scale[c] = _mm256_mul_ps(dw, _mm256_set1_ps(yd[c * nb + ib]));   // lane 2r: d_w * d_a
+            qy[c] = _mm256_loadu_si256((const __m256i *) ((const block_q8_0 *) (y + c * y_stride) + ib)->qs);
+        }
+        for (int r = 0; r < TILE_ROWS; r++) {
+            const __m256i qx = _mm256_loadu_si256((const __m256i *) x[r][ib].qs);
+            const __m256i ax = _mm256_sign_epi8(qx, qx);
+            for (int c = 0; c < C; c++) {
+                const __m256 xy = _mm256_cvtepi32_ps(DOT4(ax, _mm256_sign_epi8(qy[c], qx)));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale[c], _mm256_set1_epi32(2 * r)), xy, acc[r][c]);
+            }
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        for (int r = 0; r < TILE_ROWS; r++) {
+            out[c * out_stride + r] = hsum_float_8(acc[r][c]);
+        }
+    }
+}
+
+// Groups of weight rows [m0, m1) of Q4_1 or Q8_0 weights against N activation rows
+// (quantized, q_row bytes apart; scales as floats yd, ys: [n * nb + ib], ys for Q4_1
+// only): the first pair of activation rows fetches each group's weights ahead, the
+// others find them in cache.
+TARGET static void KERNEL(few_rows)(int q8_0, int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
+                                    const char * y, size_t q_row, const float * yd, const float * ys,
+                                    int64_t N, float * out, size_t out_stride) {
+    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
+        const char * x[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) {
+            x[r] = w + (m + r) * w_stride;
+        }
+        const char * ahead = x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
+        for (int64_t n = 0; n < N; n += 2) {
+            const char * pf = n == 0 ? ahead : NULL;
+            const char * yn = y + n * q_row;
+            float * o = out + n * out_stride + m;
+            // constant column counts let the compiler keep the group's sums in registers
+            if (q8_0 && n + 2 <= N) {
+                KERNEL(group_q8_0)(2, nb, x, pf, yn, q_row, yd + n * nb, o, out_stride);
+            } else if (q8_0) {
+                KERNEL(group_q8_0)(1, nb, x, pf, yn, q_row, yd + n * nb, o, out_stride);
+            } else if (n + 2 <= N) {
+                KERNEL(group_q4_1)(2, nb, x, pf, yn, q_row, yd + n * nb, ys + n * nb, o, out_stride);
+            } else {
+                KERNEL(group_q4_1)(1, nb, x, pf, yn, q_row, yd + n * nb, ys + n * nb, o, out_stride);
+            }
         }
     }
 }
 #undef unpack_nibbles
-
-// Q8_0: a few activation rows (y, y_stride bytes apart, their scales as floats in
-// yd[n * nb + ib]) against whole groups of TILE_ROWS weight rows [m0, m1): a step's
-// LM head over several streams or a verified draft. Two activation rows at a time
-// meet the group's weights, fetched ahead as in gemv_q8_0; per output the
-// arithmetic of ggml_vec_dot_q8_0_q8_0.
-TARGET static void KERNEL(gemm_q8_0)(int64_t m0, int64_t m1, int nb, const char * w, size_t w_stride,
-                                     const char * y, size_t y_stride, const float * yd, int64_t N,
-                                     float * out, size_t out_stride) {
-    for (int64_t m = m0; m < m1; m += TILE_ROWS) {
-        const block_q8_0 * x[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) {
-            x[r] = (const block_q8_0 *) (w + (m + r) * w_stride);
-        }
-        const char * ahead = (const char *) x[0] + PREFETCH_GROUPS * TILE_ROWS * w_stride;
-        for (int64_t n = 0; n < N; n += 2) {
-            const int C = N - n < 2 ? 1 : 2;
-            const block_q8_0 * b[2] = { (const block_q8_0 *) (y + n * y_stride),
-                                        (const block_q8_0 *) (y + (n + C - 1) * y_stride) };
-            const float * bd[2] = { yd + n * nb, yd + (n + C - 1) * nb };
-            __m256 acc[TILE_ROWS][2];
-            for (int r = 0; r < TILE_ROWS; r++) {
-                acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-            }
-            for (int ib = 0; ib < nb; ib++) {
-                if (n == 0) {
-                    for (int i = 0; i < TILE_ROWS * (int) sizeof(block_q8_0); i += 64) {
-                        _mm_prefetch(ahead + ib * TILE_ROWS * sizeof(block_q8_0) + i, _MM_HINT_T0);
-                    }
-                }
-                int32_t d_bits[TILE_ROWS];
-                for (int r = 0; r < TILE_ROWS; r++) {
-                    memcpy(&d_bits[r], &x[r][ib].d, sizeof(int32_t));
-                }
-                const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d_bits));   // lane 2r
-                const __m256 scale[2] = { _mm256_mul_ps(dw, _mm256_set1_ps(bd[0][ib])),
-                                          _mm256_mul_ps(dw, _mm256_set1_ps(bd[1][ib])) };
-                const __m256i qy[2] = { _mm256_loadu_si256((const __m256i *) b[0][ib].qs),
-                                        _mm256_loadu_si256((const __m256i *) b[1][ib].qs) };
-                for (int r = 0; r < TILE_ROWS; r++) {
-                    const __m256i qx = _mm256_loadu_si256((const __m256i *) x[r][ib].qs);
-                    const __m256i ax = _mm256_sign_epi8(qx, qx);
-                    for (int c = 0; c < 2; c++) {
-                        const __m256 xy = _mm256_cvtepi32_ps(DOT4(ax, _mm256_sign_epi8(qy[c], qx)));
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(scale[c], _mm256_set1_epi32(2 * r)),
-                                                    xy, acc[r][c]);
-                    }
-                }
-            }
-            for (int c = 0; c < C; c++) {
-                for (int r = 0; r < TILE_ROWS; r++) {
-                    out[(n + c) * out_stride + m + r] = hsum_float_8(acc[r][c]);
-                }
-            }
-        }
-    }
-}
