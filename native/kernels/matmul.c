@@ -147,6 +147,20 @@ int ggserve_matmul_isa(int allow_vnni) {
     return has_vnni();
 }
 
+// Weight rows [m0, m1) past the last whole group, against activation rows [n0, n1):
+// one output at a time.
+AVX2 static void leftover_rows(int q8_0, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int nb,
+                               const char * w, size_t w_stride, const char * y, size_t y_stride,
+                               float * out, size_t out_stride) {
+    for (int64_t m = m0; m < m1; m++) {
+        for (int64_t n = n0; n < n1; n++) {
+            out[n * out_stride + m] = q8_0
+                ? dot_q8_0(nb, (const block_q8_0 *) (w + m * w_stride), (const block_q8_0 *) (y + n * y_stride))
+                : dot(nb, (const block_q4_1 *) (w + m * w_stride), (const block_q8_1 *) (y + n * y_stride));
+        }
+    }
+}
+
 // Rows [m0, m1) of the weights against activation rows [n0, n1) (n1 - n0 <= COL_BLOCK).
 AVX2 static void rows_by_cols(int64_t m0, int64_t m1, int64_t n0, int64_t n1, int nb,
                               const char * w, size_t w_stride, const char * y, size_t y_stride,
@@ -161,12 +175,7 @@ AVX2 static void rows_by_cols(int64_t m0, int64_t m1, int64_t n0, int64_t n1, in
     } else {
         tiles_avx2(m0, m_tiles_end, n0, n1, nb, w, w_stride, y, y_stride, out, out_stride, ws, cs);
     }
-    for (int64_t m = m_tiles_end; m < m1; m++) {
-        for (int64_t n = n0; n < n1; n++) {
-            out[n * out_stride + m] = dot(nb, (const block_q4_1 *) (w + m * w_stride),
-                                          (const block_q8_1 *) (y + n * y_stride));
-        }
-    }
+    leftover_rows(0, m_tiles_end, m1, n0, n1, nb, w, w_stride, y, y_stride, out, out_stride);
 }
 
 int ggserve_matmul_supported(void) {
@@ -197,13 +206,7 @@ AVX2 static void few_rows(int q8_0, int64_t m0, int64_t m1, int nb, const char *
     } else {
         few_rows_avx2(q8_0, m0, m_groups_end, nb, w, w_stride, y, q_row, yd, ys, N, out, out_stride);
     }
-    for (int64_t m = m_groups_end; m < m1; m++) {
-        for (int64_t n = 0; n < N; n++) {
-            out[n * out_stride + m] = q8_0
-                ? dot_q8_0(nb, (const block_q8_0 *) (w + m * w_stride), (const block_q8_0 *) (y + n * q_row))
-                : dot(nb, (const block_q4_1 *) (w + m * w_stride), (const block_q8_1 *) (y + n * q_row));
-        }
-    }
+    leftover_rows(q8_0, m_groups_end, m1, 0, N, nb, w, w_stride, y, q_row, out, out_stride);
 }
 
 // This thread's weight rows [*m0, *m1) of M: whole groups of TILE_ROWS, split evenly.
@@ -223,62 +226,59 @@ static void quantize_rows(enum ggml_type type, const struct ggml_tensor * x, int
     }
 }
 
-// The Q4_1 custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N], Q8_1 as
-// ggml's mul_mat quantizes it, or F32 for N <= FEW_ROWS_MAX: each thread quantizes it
-// so itself, for the few rows of a decode step, where a node of its own would cost
-// more than it saves). Threads split the weight rows in whole groups; a few rows take
-// few_rows, more the tiles, each thread walking its rows once per block of COL_BLOCK
-// activation rows.
+// A few F32 activation rows (N <= FEW_ROWS_MAX, a decode step's) against Q4_1 or Q8_0
+// weights: this thread's weight rows. Each thread quantizes the rows itself, by ggml's
+// own from_float (Q8_1 for Q4_1, Q8_0 for Q8_0), as ggml's mul_mat quantizes them: for
+// so few rows a node of its own would cost more than it saves.
+static void few_rows_op(struct ggml_tensor * dst, int ith, int nth, int q8_0) {
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t N = x->ne[1];
+    const int nb = (int) (w->ne[0] / QK);
+    int64_t m0, m1;
+    if (!thread_rows(w->ne[1], ith, nth, &m0, &m1)) {
+        return;
+    }
+    const size_t q_row = (size_t) nb * (q8_0 ? sizeof(block_q8_0) : sizeof(block_q8_1));
+    const size_t q_bytes = (q_row * N + 63) & ~(size_t) 63;
+    char * scratch = aligned_alloc(64, (q_bytes + 2 * N * nb * sizeof(float) + 63) & ~(size_t) 63);
+    quantize_rows(q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q8_1, x, w->ne[0], q_row, scratch);
+    few_rows(q8_0, m0, m1, nb, (const char *) w->data, w->nb[1], scratch, q_row, N,
+             (float *) dst->data, dst->nb[1] / sizeof(float), (float *) (scratch + q_bytes));
+    free(scratch);
+}
+
+// The Q4_1 custom op: dst [M, N] f32 = src[0] (Q4_1 [K, M]) x src[1] ([K, N]: F32, a
+// decode step's few rows, or Q8_1 as ggml's mul_mat quantizes them, by a node of their
+// own). Threads split the weight rows in whole groups; more rows take the tiles, each
+// thread walking its rows once per block of COL_BLOCK activation rows.
 void ggserve_q4_1_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
     const struct ggml_tensor * x = dst->src[1];
-    const int64_t M = w->ne[1], N = x->ne[1];
-    const int nb = (int) (w->ne[0] / QK);
-    int64_t m0, m1;
-    if (!thread_rows(M, ith, nth, &m0, &m1)) {
+    if (x->type == GGML_TYPE_F32) {
+        few_rows_op(dst, ith, nth, 0);
         return;
     }
-    const size_t q_row = (size_t) nb * sizeof(block_q8_1);
-    const int few = x->type == GGML_TYPE_F32;
-    // scratch per call: the quantized rows (F32 input), then their scales (few rows)
-    // or the tiles' scales
-    const size_t q_bytes = few ? ((q_row * N + 63) & ~(size_t) 63) : 0;
-    const size_t n_scales = few ? 2 * (size_t) N * nb : SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
-    char * scratch = aligned_alloc(64, (q_bytes + n_scales * sizeof(float) + 63) & ~(size_t) 63);
-    float * out = (float *) dst->data;
-    const size_t out_stride = dst->nb[1] / sizeof(float);
-    float * scales = (float *) (scratch + q_bytes);
-    if (few) {
-        quantize_rows(GGML_TYPE_Q8_1, x, w->ne[0], q_row, scratch);
-        few_rows(0, m0, m1, nb, (const char *) w->data, w->nb[1], scratch, q_row, N, out, out_stride, scales);
-    } else {
-        for (int64_t n0 = 0; n0 < N; n0 += COL_BLOCK) {
-            const int64_t n1 = n0 + COL_BLOCK < N ? n0 + COL_BLOCK : N;
-            rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1], (const char *) x->data, x->nb[1],
-                         out, out_stride, scales, scales + SCALES_PER_TILE(nb));
-        }
+    const int nb = (int) (w->ne[0] / QK);
+    int64_t m0, m1;
+    if (!thread_rows(w->ne[1], ith, nth, &m0, &m1)) {
+        return;
     }
-    free(scratch);
+    // scratch per call: the tiles' scales
+    const size_t n_scales = SCALES_PER_TILE(nb) * (1 + COL_BLOCK / TILE_COLS);
+    float * scales = aligned_alloc(64, n_scales * sizeof(float));
+    for (int64_t n0 = 0; n0 < x->ne[1]; n0 += COL_BLOCK) {
+        const int64_t n1 = n0 + COL_BLOCK < x->ne[1] ? n0 + COL_BLOCK : x->ne[1];
+        rows_by_cols(m0, m1, n0, n1, nb, (const char *) w->data, w->nb[1], (const char *) x->data, x->nb[1],
+                     (float *) dst->data, dst->nb[1] / sizeof(float), scales, scales + SCALES_PER_TILE(nb));
+    }
+    free(scales);
 }
 
 // The Q8_0 custom op: dst [M, N] f32 = src[0] (Q8_0 [K, M]) x src[1] (F32 [K, N],
-// N <= FEW_ROWS_MAX), the rows quantized by each thread as ggml's mul_mat quantizes them.
+// N <= FEW_ROWS_MAX).
 void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
-    const struct ggml_tensor * w = dst->src[0];
-    const struct ggml_tensor * x = dst->src[1];
-    const int64_t M = w->ne[1], N = x->ne[1];
-    const int nb = (int) (w->ne[0] / QK);
-    int64_t m0, m1;
-    if (!thread_rows(M, ith, nth, &m0, &m1)) {
-        return;
-    }
-    const size_t q_row = (size_t) nb * sizeof(block_q8_0);
-    const size_t q_bytes = (q_row * N + 63) & ~(size_t) 63;
-    char * scratch = aligned_alloc(64, (q_bytes + 2 * N * nb * sizeof(float) + 63) & ~(size_t) 63);
-    quantize_rows(GGML_TYPE_Q8_0, x, w->ne[0], q_row, scratch);
-    few_rows(1, m0, m1, nb, (const char *) w->data, w->nb[1], scratch, q_row, N,
-             (float *) dst->data, dst->nb[1] / sizeof(float), (float *) (scratch + q_bytes));
-    free(scratch);
+    few_rows_op(dst, ith, nth, 1);
 }

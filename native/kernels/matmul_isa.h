@@ -76,6 +76,26 @@ TARGET static void KERNEL(tiles)(int64_t m0, int64_t m1, int64_t n0, int64_t n1,
 // group's fp16 scales convert together, one 32-bit load a row (lane 2r: the row's d,
 // lane 2r + 1: its m for Q4_1, two quants for Q8_0, unused).
 //
+// A group's per-block work both types share. Its TILE_ROWS rows' first 4 bytes of
+// block ib (fp16 d, then m or two quants) as 8 floats: lane 2r holds row r's d.
+TARGET static inline __m256 KERNEL(group_scales)(const char * const * rows, int ib, size_t block_bytes) {
+    int32_t bits[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        memcpy(&bits[r], rows[r] + ib * block_bytes, sizeof(int32_t));
+    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) bits));
+}
+
+// The weights PREFETCH_GROUPS groups ahead (prefetch; NULL: none): a group is nb *
+// TILE_ROWS blocks one after the other, so as many bytes an iteration as four blocks.
+TARGET static inline void KERNEL(fetch_ahead)(const char * prefetch, int ib, size_t block_bytes) {
+    if (prefetch != NULL) {
+        for (size_t i = 0; i < TILE_ROWS * block_bytes; i += 64) {
+            _mm_prefetch(prefetch + ib * TILE_ROWS * block_bytes + i, _MM_HINT_T0);
+        }
+    }
+}
+
 // Q4_1 x Q8_1, per output ggml_vec_dot_q4_1_q8_1's arithmetic. C activation rows at
 // y (y_stride apart, scales as floats yd[c * nb + ib] and ys) against one group.
 TARGET static inline __attribute__((always_inline)) void KERNEL(group_q4_1)(
@@ -93,15 +113,8 @@ TARGET static inline __attribute__((always_inline)) void KERNEL(group_q4_1)(
         }
     }
     for (int ib = 0; ib < nb; ib++) {
-        if (prefetch != NULL) {                  // a group's nb * 4 blocks: 80 bytes an iteration
-            _mm_prefetch(prefetch + ib * 80, _MM_HINT_T0);
-            _mm_prefetch(prefetch + ib * 80 + 64, _MM_HINT_T0);
-        }
-        int32_t dm_bits[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) {
-            memcpy(&dm_bits[r], &x[r][ib].d, sizeof(int32_t));
-        }
-        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dm_bits));
+        KERNEL(fetch_ahead)(prefetch, ib, sizeof(block_q4_1));
+        const __m256 dm = KERNEL(group_scales)(rows, ib, sizeof(block_q4_1));    // lane 2r + 1: m
         __m256 scale[2];
         __m256i qy[2];
         for (int c = 0; c < C; c++) {
@@ -143,16 +156,8 @@ TARGET static inline __attribute__((always_inline)) void KERNEL(group_q8_0)(
         }
     }
     for (int ib = 0; ib < nb; ib++) {
-        if (prefetch != NULL) {                  // a group's four blocks: 136 bytes an iteration
-            for (int i = 0; i < TILE_ROWS * (int) sizeof(block_q8_0); i += 64) {
-                _mm_prefetch(prefetch + ib * TILE_ROWS * sizeof(block_q8_0) + i, _MM_HINT_T0);
-            }
-        }
-        int32_t d_bits[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) {
-            memcpy(&d_bits[r], &x[r][ib].d, sizeof(int32_t));
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d_bits));
+        KERNEL(fetch_ahead)(prefetch, ib, sizeof(block_q8_0));
+        const __m256 dw = KERNEL(group_scales)(rows, ib, sizeof(block_q8_0));
         __m256 scale[2];
         __m256i qy[2];
         for (int c = 0; c < C; c++) {
