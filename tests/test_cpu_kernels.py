@@ -96,3 +96,19 @@ def test_q8_0_products_of_more_rows_stay_with_ggmls_tiled_kernel(backend, smollm
     n_rows = ggml.CPU_KERNEL_FEW_ROWS + 1
     _, ops = _product(backend, smollm2_weights, "token_embd.weight", 1024, _x(n_rows, 576), own=True)
     assert ops == ["MUL_MAT"]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("name, m, n_rows", [("blk.3.attn_k.weight", 190, 1), ("blk.3.attn_k.weight", 190, 20),
+                                             ("token_embd.weight", 1026, 3)])
+def test_any_thread_count_gives_ggmls_bits(smollm2_weights, threads, name, m, n_rows):
+    """Threads split the weight rows in groups of four; the last one may get a part."""
+    b = ggml.Backend(n_threads=threads, use_gpu=False)
+    try:
+        x = _x(n_rows, smollm2_weights[name][1])
+        ours, ops = _product(b, smollm2_weights, name, m, x, own=True)
+        theirs, _ = _product(b, smollm2_weights, name, m, x, own=False)
+    finally:
+        b.close()
+    assert "CUSTOM" in ops
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
