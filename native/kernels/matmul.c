@@ -36,9 +36,7 @@ typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
 
 #define TILE_ROWS 4        // weight rows of a tile
 #define TILE_COLS 2        // activation rows: a tile's 4 x 2 scales fill one 8-float vector
-#ifndef PREFETCH_GROUPS
-#define PREFETCH_GROUPS 4  // a lone row's product fetches the weights this many row groups ahead
-#endif
+#define PREFETCH_GROUPS 4  // a few rows' product fetches the weights this many row groups ahead
 #define COL_BLOCK 64       // activation rows kept hot in cache while weight tiles pass
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
