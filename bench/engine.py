@@ -14,7 +14,8 @@ the same run (pp512 / tg128) and the ratios ggserve / llama.cpp are printed.
 --parts: where a decode step's time goes: ggml compute vs the Python around it (the
 engine's own functions, by cProfile over the tg run), the decode graph's nodes by op
 (Graph.ops()), and what kernel parity (batch invariance) costs a lone row: tg with
---no-kernel-parity beside it, same run.
+--no-kernel-parity beside it, same run; and what ggserve's own CPU kernels give
+(native/kernels/matmul.c): pp and tg with ggml's kernels for every product.
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ GREEDY = SamplingParams(temperature=0.0, top_k=1)
 
 
 def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
-                  ngl: int = 0, parity: bool = True) -> dict:
+                  ngl: int = 0, parity: bool = True, cpu_kernels: bool = True) -> dict:
     engine = Engine(model, n_ctx=max(2048, depth + n_gen + 256), n_batch=n_prompt, n_parallel=1,
-                    n_threads=threads, n_gpu_layers=ngl, kernel_parity=parity)
+                    n_threads=threads, n_gpu_layers=ngl, kernel_parity=parity, cpu_kernels=cpu_kernels)
     vocab = engine.tokenizer.n_vocab
     prompt = [(i * 7919) % (vocab - 1000) + 500 for i in range(n_prompt)]
     pp, tg, overhead = [], [], []
@@ -71,7 +72,8 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
             overhead.append(statistics.median(shares))
     engine.close()
     return {
-        "impl": "ggserve" if parity else "ggserve-noparity", "threads": threads, "depth": depth, "ngl": ngl,
+        "impl": "ggserve" if parity and cpu_kernels else "ggserve-noparity" if cpu_kernels else "ggserve-ggml-kernels",
+        "threads": threads, "depth": depth, "ngl": ngl,
         "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
         "python_overhead_share": statistics.median(overhead),
     }
@@ -157,7 +159,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4,
                    help="with --llama-bench: rounds of both, order swapped each round (A B B A ...)")
     p.add_argument("--parts", action="store_true",
-                   help="where a decode step's time goes, and tg without kernel parity beside it")
+                   help="where a decode step's time goes, and beside it tg without kernel parity and "
+                        "with ggml's kernels instead of ggserve's own")
     p.add_argument("--out", default="bench/results/engine.json")
     args = p.parse_args(argv)
     model = args.model or default_model_path()
@@ -172,8 +175,10 @@ def main(argv=None) -> int:
                                                     args.n_gen, args.reps, args.depth, args.n_gpu_layers))
         plain = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps,
                                                      args.depth, args.n_gpu_layers, parity=False))
+        ggml_kernels = lambda: results.append(bench_ggserve(model, args.threads, args.n_prompt, args.n_gen, args.reps,
+                                                            args.depth, args.n_gpu_layers, cpu_kernels=False))
         runs = [ours, theirs] if args.llama_bench else [ours]
-        runs += [plain] if args.parts else []
+        runs += [plain, ggml_kernels] if args.parts else []
         for run in (runs if r % 2 == 0 else runs[::-1]):
             run()
 
@@ -193,6 +198,10 @@ def main(argv=None) -> int:
         print(f"{'no parity':12}{med('ggserve-noparity', 'pp_tps'):16.1f}{med('ggserve-noparity', 'tg_tps'):16.1f}"
               "   (--no-kernel-parity: what batch invariance costs)")
         ratios["tg_parity_cost"] = med("ggserve-noparity", "tg_tps") / med("ggserve", "tg_tps")
+        print(f"{'ggml kernels':12}{med('ggserve-ggml-kernels', 'pp_tps'):16.1f}"
+              f"{med('ggserve-ggml-kernels', 'tg_tps'):16.1f}   (what ggserve's own CPU kernels give)")
+        ratios["tg_cpu_kernels_gain"] = med("ggserve", "tg_tps") / med("ggserve-ggml-kernels", "tg_tps")
+        ratios["pp_cpu_kernels_gain"] = med("ggserve", "pp_tps") / med("ggserve-ggml-kernels", "pp_tps")
     print(f"Python overhead per decode step: {100 * med('ggserve', 'python_overhead_share'):.1f}%")
     if args.parts:
         parts = decode_parts(model, args.threads, args.n_gen)

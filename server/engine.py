@@ -55,7 +55,8 @@ class Engine:
                  slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
                  embeddings: bool = False, pooling: str | None = None, use_mmap: bool = True, mlock: bool = False,
                  rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
-                 spec: SpecConfig | None = None, kv_unified: bool = False, context_shift: bool = False):
+                 spec: SpecConfig | None = None, kv_unified: bool = False, context_shift: bool = False,
+                 cpu_kernels: bool = True):
         t0 = time.perf_counter()
         if not 1 <= n_parallel <= MAX_SEQS:
             raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
@@ -71,6 +72,9 @@ class Engine:
         self.kv_size, self.n_ctx = context_sizes(n_ctx, n_parallel, kv_unified, self.n_ctx_train)
         self.model_path, self.model_name = lm.path, lm.name
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
+        # cpu_kernels False: ggml's kernels for every product, to measure what ggserve's own give
+        # (native/kernels/matmul.c; the same bits either way)
+        self.backend.cpu_kernels = self.backend.cpu_kernels and cpu_kernels
         self.n_threads = self.backend.n_threads       # -t: a step of one row; -tb (0: as -t): larger steps
         self.n_threads_batch = n_threads_batch if n_threads_batch > 0 else self.n_threads
         self.n_pos = getattr(self.model, "n_pos", 1)
