@@ -68,7 +68,7 @@ cdef class Backend:
     cdef Graph _allocated      # the graph the scheduler's buffers hold now
     cdef ggml_threadpool * _threadpool
     cdef int _pool_threads     # the pool's size (steps may use fewer of its threads)
-    # Q4_1 products and Q8_0 lone-row products by ggserve's own kernels (the same floats
+    # Q4_1 products and Q8_0 products of a few rows by ggserve's own kernels (the same floats
     # as ggml's; native/kernels/matmul.c): on where the CPU computes everything and runs them
     cdef public bint cpu_kernels
 

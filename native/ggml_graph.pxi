@@ -145,7 +145,7 @@ cdef class Graph:
         """mul_mat(w, x) by native/kernels/matmul.c: the same floats as ggml's. A Q4_1
         product's x is quantized to Q8_1 as ggml's mul_mat quantizes it: by a node of
         its own (all threads share the work) or, for a decode step's few rows, by each
-        thread inside the op (one barrier fewer); a Q8_0 lone row, inside the op."""
+        thread inside the op (one barrier fewer); a Q8_0 product's few rows, inside the op."""
         cdef ggml_tensor * args[2]
         args[0] = w
         args[1] = x

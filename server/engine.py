@@ -65,16 +65,13 @@ class Engine:
         self.n_parallel, self.n_batch = n_parallel, n_batch
         self.loaded = LoadedModel(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_parallel=n_parallel,
                                   chat_template=chat_template, mmproj=mmproj, rpc=rpc, tensor_split=tensor_split,
-                                  use_mmap=use_mmap, mlock=mlock)
+                                  use_mmap=use_mmap, mlock=mlock, cpu_kernels=cpu_kernels)
         lm = self.loaded
         # KV cells and each slot's context, as llama.cpp sizes them (n_ctx 0: the model's)
         self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
         self.kv_size, self.n_ctx = context_sizes(n_ctx, n_parallel, kv_unified, self.n_ctx_train)
         self.model_path, self.model_name = lm.path, lm.name
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
-        # cpu_kernels False: ggml's kernels for every product, to measure what ggserve's own give
-        # (native/kernels/matmul.c; the same bits either way)
-        self.backend.cpu_kernels = self.backend.cpu_kernels and cpu_kernels
         self.n_threads = self.backend.n_threads       # -t: a step of one row; -tb (0: as -t): larger steps
         self.n_threads_batch = n_threads_batch if n_threads_batch > 0 else self.n_threads
         self.n_pos = getattr(self.model, "n_pos", 1)

@@ -57,7 +57,7 @@ class LoadedModel:
     def __init__(self, model_path: str, *, n_threads: int = 0, n_gpu_layers: int = 0, n_parallel: int = 1,
                  chat_template: str | None = None, mmproj: str | None = None,
                  rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
-                 use_mmap: bool = True, mlock: bool = False):
+                 use_mmap: bool = True, mlock: bool = False, cpu_kernels: bool = True):
         self.path = os.fspath(model_path)
         self.gguf = GGUFFile(self.path)
         meta = self.gguf.metadata
@@ -71,6 +71,9 @@ class LoadedModel:
         # graph size: ~60 nodes per layer plus 6 per attention call (at most one per sequence)
         max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
         self.backend = ggml.Backend(n_threads=default_threads(n_threads), max_nodes=max_nodes, rpc=rpc)
+        # cpu_kernels False: ggml's kernels for every product, to measure what ggserve's own give
+        # (native/kernels/matmul.c; the same bits either way)
+        self.backend.cpu_kernels = self.backend.cpu_kernels and cpu_kernels
         layer_devices = assign_layers(n_layer, n_gpu_layers, self.backend.gpus, self.backend.cpu, tensor_split)
         self.device_of_layer = layer_devices.__getitem__
         matmul_names = matmul_weight_names(self.gguf.tensors)
