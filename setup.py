@@ -11,7 +11,7 @@ import os
 
 import numpy
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 
 
 def _libggml_dirs():
@@ -57,16 +57,26 @@ def _extensions():
     )
 
 
+# Each top-level folder is one part of the ggserve package; every folder below
+# it is a subpackage (the chat page's and the kernels' folders hold data only),
+# found rather than listed.
+PARTS = {"ggserve": "ggserve", "ggserve.native": "native", "ggserve.models": "models",
+         "ggserve.server": "server"}
+
+
+def _packages():
+    found = []
+    for name, folder in PARTS.items():
+        found.append(name)
+        found += [f"{name}.{sub}" for sub in find_namespace_packages(folder, exclude=["*__pycache__*"])]
+    return found
+
+
 setup(
-    packages=["ggserve", "ggserve.native", "ggserve.models", "ggserve.server",
-              "ggserve.server.webui"],
-    package_dir={
-        "ggserve": "ggserve",
-        "ggserve.native": "native",
-        "ggserve.models": "models",
-        "ggserve.server": "server",
-    },
-    # the chat page: plain files in server/webui/, a package of data only
-    package_data={"ggserve.native": ["*.pxd", "*.pxi"], "ggserve.server.webui": ["*.html", "*.js", "*.css"]},
+    packages=_packages(),
+    package_dir=PARTS,
+    # the chat page's plain files, and the Cython declarations a rebuild needs
+    package_data={"ggserve.native": ["*.pxd", "*.pxi"], "ggserve.native.kernels": ["*.c", "*.h"],
+                  "ggserve.server.api.llama.webui": ["*.html", "*.js", "*.css"]},
     ext_modules=_extensions(),
 )

@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.model is None:
-        from ggserve.server.cli import default_model
+        from ggserve.server.cli.main import default_model
         args.model = default_model()
     args.server_defaults = False
     args.ggserve_args = f"--embeddings --pooling {args.pooling} {args.ggserve_args}"

@@ -30,9 +30,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import envelope, write_json  # noqa: E402
 
-from ggserve.server.engine import Engine, Request  # noqa: E402
-from ggserve.server.generate import default_model_path  # noqa: E402
-from ggserve.server.sampling import SamplingParams  # noqa: E402
+from ggserve.server.engine.engine import Engine, Request  # noqa: E402
+from ggserve.server.cli.generate import default_model_path  # noqa: E402
+from ggserve.server.engine.sampling.sampler import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, top_k=1)
 

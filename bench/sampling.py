@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ggserve.server.sampling import SamplingParams, SequenceSampler, sample_batch
+from ggserve.server.engine.sampling.sampler import SamplingParams, SequenceSampler, sample_batch
 
 CASES = {
     "greedy": dict(temperature=0.0),

@@ -361,7 +361,7 @@ def llama_server_version(path: str) -> str | None:
 def ggserve_exe(given: str | None = None) -> list[str]:
     """The command that runs ggserve: `given`, else the one next to this Python."""
     exe = given or shutil.which("ggserve", path=os.path.dirname(sys.executable)) or shutil.which("ggserve")
-    return [exe] if exe else [sys.executable, "-m", "ggserve.server.cli"]
+    return [exe] if exe else [sys.executable, "-m", "ggserve.server.cli.main"]
 
 
 def ggserve_argv(args, port: int, mmproj: str | None) -> list[str]:

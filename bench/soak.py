@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     slot_dir = tempfile.mkdtemp(prefix="soak-slots-")       # (lets the end erase the slots' caches)
-    cmd = [sys.executable, "-m", "ggserve.server.cli", "serve", "--port", str(port), "--metrics",
+    cmd = [sys.executable, "-m", "ggserve.server.cli.main", "serve", "--port", str(port), "--metrics",
            "--no-webui", "-np", str(args.parallel), "-c", "4096", "-t", str(args.threads),
            "--slot-save-path", slot_dir, "--cache-ram", str(args.cache_ram)]
     if args.model:

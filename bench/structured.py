@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--order", default="ABBA", help="A: ggserve, B: llama-server, in this order")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from ggserve.server.cli import default_model
+    from ggserve.server.cli.main import default_model
     model = args.model or default_model()
     common = ["-m", model, "-c", "4096", "-np", "8", "-t", str(args.threads)]
     print(f"threads {args.threads}, order {args.order}", flush=True)

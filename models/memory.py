@@ -5,7 +5,7 @@ A model declares one spec per layer (`Model.memory_layers(device_of_layer)`):
 - LayerRecurrent: a linear-attention / SSM layer keeps a fixed-size state per
   sequence (e.g. a gated delta net's conv and recurrent state), whatever the
   sequence's length.
-A hybrid model mixes both. The server owns the storage (server/memory.py) and
+A hybrid model mixes both. The server owns the storage (server/engine/memory/model_memory.py) and
 hands the forward pass one step's view of each kind: `ForwardInputs.kv`
 (attention over the cache) and `ForwardInputs.recurrent` (the batch's states).
 Nothing here knows how cells or states are laid out.

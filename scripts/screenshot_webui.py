@@ -70,7 +70,7 @@ def main() -> int:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "ggserve.server.cli", "serve", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "ggserve.server.cli.main", "serve", "--port", str(port),
                                "-t", "1", "-np", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     driver = None
     try:

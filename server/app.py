@@ -1,16 +1,16 @@
 """The HTTP API: a Starlette app serving OpenAI's endpoints on top of Service.
 
-Routes (all listed at /openapi.json, server/openapi.py): /v1/chat/completions,
-/v1/completions (server/generation_api.py),
-/completion, /completions (llama-server's native shape: server/native_api.py), /infill
-(server/infill.py),
-/v1/responses (server/responses_api.py), /v1/messages (server/anthropic_api.py),
-/v1/embeddings, /embeddings, /embedding (server/embeddings_api.py), /rerank and its
-aliases (server/rerank_api.py),
-/v1/models, /health, /metrics, /tokenize, /detokenize (server/api.py), /slots
-(server/slots_api.py), and the
+Routes (all listed at /openapi.json, server/api/openapi.py): /v1/chat/completions,
+/v1/completions (server/api/openai/generation.py),
+/completion, /completions (llama-server's native shape: server/api/llama/completion.py), /infill
+(server/api/llama/infill.py),
+/v1/responses (server/api/openai/responses.py), /v1/messages (server/api/anthropic/messages.py),
+/v1/embeddings, /embeddings, /embedding (server/api/openai/embeddings.py), /rerank and its
+aliases (server/api/llama/rerank.py),
+/v1/models, /health, /metrics, /tokenize, /detokenize (server/api/common.py), /slots
+(server/api/llama/slots.py), and the
 same without /v1 where llama-server has them, /props and the chat page at /
-(server/chat_page.py), /v1/stream and /v1/streams/lookup (server/stream_resume.py).
+(server/api/llama/chat_page.py), /v1/stream and /v1/streams/lookup (server/api/stream_resume.py).
 """
 from __future__ import annotations
 
@@ -23,26 +23,36 @@ from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from .cors import CORS
+from ggserve.server.api.cors import CORS
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import anthropic_api, chat_page, gcp_api, native_api, responses_api, stream_resume
-from .api_prefix import ApiPrefix
-from .api import API, is_poll
-from .embeddings_api import embeddings_native, embeddings_oai
-from .errors import APIError, exception_handlers, to_api_error
-from .generation_api import apply_template, chat, chat_input_tokens, completions
-from .infill import infill
-from .media import MediaConfig
-from .metrics import Metrics
-from .openapi import openapi
-from .rerank_api import rerank
-from .service import Service
-from .sleep import Sleeper
-from .stream_resume import StreamResume, StreamSessions
-from .slots_api import SlotsAPI
+from ggserve.server.api.anthropic import messages as anthropic_api
+
+from ggserve.server.api.llama import chat_page
+
+from ggserve.server.api.vertex import predict as gcp_api
+
+from ggserve.server.api.llama import completion as native_api
+
+from ggserve.server.api.openai import responses as responses_api
+
+from ggserve.server.api import stream_resume
+from ggserve.server.api.prefix import ApiPrefix
+from ggserve.server.api.common import API, is_poll
+from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
+from ggserve.server.api.errors import APIError, exception_handlers, to_api_error
+from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
+from ggserve.server.api.llama.infill import infill
+from ggserve.server.api.media import MediaConfig
+from ggserve.server.service.metrics import Metrics
+from ggserve.server.api.openapi import openapi
+from ggserve.server.api.llama.rerank import rerank
+from ggserve.server.service.service import Service
+from ggserve.server.service.sleep import Sleeper
+from ggserve.server.api.stream_resume import StreamResume, StreamSessions
+from ggserve.server.api.llama.slots import SlotsAPI
 
 log = logging.getLogger("ggserve.server")
 
@@ -98,12 +108,12 @@ class ServerConfig:
     tags: tuple[str, ...] = ()                # --tags: shown in /v1/models
     n_predict: int = -1                       # -n: a request's default token limit (-1: none)
     timeout: float = 600.0                    # -to/--timeout: a stream's client may stall this long
-    sleep_idle_seconds: float = -1            # free the model after this long idle (-1: never; server/sleep.py)
+    sleep_idle_seconds: float = -1            # free the model after this long idle (-1: never; server/service/sleep.py)
 
 
 def load_engine(cfg: ServerConfig):
     """Build the engine (slow: loads weights); logs progress and the memory report."""
-    from .engine import Engine
+    from ggserve.server.engine.engine import Engine
 
     t0 = time.perf_counter()
     log.info("loading model %s (n_ctx=%d, n_parallel=%d, n_batch=%d, n_gpu_layers=%d)",
@@ -145,7 +155,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     service.default_max_tokens = cfg.n_predict
     api = API(cfg, service, metrics)
     if cfg.sleep_idle_seconds > 0:
-        from .props_api import props
+        from ggserve.server.api.llama.props import props
         api.sleeper = Sleeper(service, cfg.sleep_idle_seconds, lambda: props(api))
     sleeper = api.sleeper
 
@@ -219,9 +229,9 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
 
     middleware = []
     if cfg.cors_origins:
-        middleware.append(Middleware(CORS, origins=cfg.cors_origins))     # server/cors.py: as llama-server
-    middleware.append(Middleware(StreamResume, sessions=sessions))       # server/stream_resume.py
-    if cfg.api_prefix:                                                    # server/api_prefix.py, outermost
+        middleware.append(Middleware(CORS, origins=cfg.cors_origins))     # server/api/cors.py: as llama-server
+    middleware.append(Middleware(StreamResume, sessions=sessions))       # server/api/stream_resume.py
+    if cfg.api_prefix:                                                    # server/api/prefix.py, outermost
         middleware.insert(0, Middleware(ApiPrefix, prefix=cfg.api_prefix))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers=exception_handlers)

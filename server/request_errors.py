@@ -1,13 +1,24 @@
 """Errors a request can cause below the HTTP layer, each with the API error it
-maps to (server/errors.py maps them by type)."""
+maps to (server/api/errors.py maps them by type)."""
 from __future__ import annotations
 
 
 class RequestError(ValueError):
     """A request that cannot be served as sent: a 400 with this code and param."""
 
-    code = "invalid_request_error"
+    code: str | None = "invalid_request_error"
     param: str | None = None
+
+    def __init__(self, message: str = "", *, param: str | None = None):
+        super().__init__(message)
+        if param is not None:
+            self.param = param
+
+
+class InvalidOption(RequestError):
+    """A field the chat layer cannot apply (tools, tool_choice, response_format, grammar)."""
+
+    code = None
 
 
 class ContextLengthExceeded(RequestError):

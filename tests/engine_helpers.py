@@ -1,8 +1,8 @@
 """Running the engine to completion, for tests (no server involved)."""
-from ggserve.server.chat_turns import turn_cuts
-from ggserve.server.engine import Engine, Request
-from ggserve.server.prompts import PromptBuilder
-from ggserve.server.sampling import SamplingParams
+from ggserve.server.chat.turns import turn_cuts
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.chat.prompts import PromptBuilder
+from ggserve.server.engine.sampling.sampler import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, top_k=1, n_probs=10)
 

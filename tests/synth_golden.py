@@ -40,7 +40,7 @@ def case(arch: str, key: str) -> dict:
 def engine(arch: str, **kw):
     """An engine on `arch`'s synth model, set up as llama-server ran it (prompts over
     512 tokens cut into 512-row ubatches), on 2 threads."""
-    from ggserve.server.engine import Engine
+    from ggserve.server.engine.engine import Engine
 
     kw.setdefault("n_ctx", 4096)
     kw.setdefault("n_batch", 512)

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 from PIL import Image
 
-from ggserve.server.engine import Engine
+from ggserve.server.engine.engine import Engine
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 SYNTH = GOLDEN / "synth-vision"

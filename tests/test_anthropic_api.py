@@ -161,7 +161,7 @@ def test_count_tokens_equals_the_chat_prompt(claude, oai):
 
 
 def test_tool_results_come_before_the_rest_of_their_message():
-    from ggserve.server.anthropic_api import chat_body
+    from ggserve.server.api.anthropic.messages import chat_body
 
     body = {"max_tokens": 8, "system": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
             "messages": [

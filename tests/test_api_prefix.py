@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ggserve.server.api_prefix import normalized
+from ggserve.server.api.prefix import normalized
 from ggserve.server.app import create_app
-from ggserve.server.cli import config_from_args, serve_parser
+from ggserve.server.cli.main import config_from_args, serve_parser
 from server_harness import RunningServer
 
 

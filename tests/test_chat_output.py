@@ -1,4 +1,4 @@
-"""Tool-call and reasoning parsing (server/chat_output.py) on outputs written the way
+"""Tool-call and reasoning parsing (server/chat/output.py) on outputs written the way
 each model family writes them; the format is detected from the real template
 (tests/data/templates/, copied from llama.cpp's models/templates)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ggserve.server import chat_output as co
+from ggserve.server.chat import output as co
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "data", "templates")
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {

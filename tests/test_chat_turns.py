@@ -1,4 +1,4 @@
-"""server/chat_turns.py against llama-server 11434: the message delimiters it derives
+"""server/chat/turns.py against llama-server 11434: the message delimiters it derives
 for every chat template of the golden models, and the batches it cuts at user
 messages (tests/data/chat_turns/make_delimiters.py recorded both)."""
 import importlib.util
@@ -12,7 +12,7 @@ import pytest
 from ggserve.models.chat_template import ChatTemplate
 from ggserve.models.tokenizer import Tokenizer
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server import chat_turns
+from ggserve.server.chat import turns as chat_turns
 
 DATA = json.loads((pathlib.Path(__file__).parent / "data" / "chat_turns" / "llama_server_delimiters.json").read_text())
 GOLDEN = pathlib.Path(os.environ.get("GGSERVE_GOLDEN", "/work/shared/golden"))

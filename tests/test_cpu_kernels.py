@@ -117,7 +117,7 @@ def test_any_thread_count_gives_ggmls_bits(smollm2_weights, threads, name, m, n_
 def test_an_engine_on_ggmls_kernels_answers_the_same_tokens_and_logprobs(smollm2_path):
     """Four prompts batched, greedy with top-10 logprobs: every float the same."""
     from engine_helpers import generate
-    from ggserve.server.engine import Engine
+    from ggserve.server.engine.engine import Engine
 
     prompts = {f"p{i}": [1, 504 + i, 2300 + 7 * i, 30 + i] for i in range(4)}
     answers = []

@@ -24,8 +24,8 @@ import pytest
 from ggserve.models.tokenizer import Tokenizer
 from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.embeddings_api import tokenize_inputs
-from ggserve.server.pooling import Pool, normalize
+from ggserve.server.api.openai.embeddings import tokenize_inputs
+from ggserve.server.engine.pooling import Pool, normalize
 from server_harness import RunningServer
 
 DATA = pathlib.Path(__file__).parent / "data" / "embeddings"

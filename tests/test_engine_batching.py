@@ -6,8 +6,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from ggserve.server.engine import ContextLengthExceeded, Engine, Request
-from ggserve.server.sampling import SamplingParams
+from ggserve.server.engine.engine import ContextLengthExceeded, Engine, Request
+from ggserve.server.engine.sampling.sampler import SamplingParams
 from engine_helpers import GREEDY, generate, tokens
 
 CASES = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())["models"]["smollm2"]

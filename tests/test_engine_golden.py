@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from ggserve.server.engine import Engine
+from ggserve.server.engine.engine import Engine
 from engine_helpers import generate, max_logprob_deviation
 
 DATA = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())

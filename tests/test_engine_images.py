@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ggserve.server.engine import Engine, Request
-from ggserve.server.sampling import SamplingParams
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.sampling.sampler import SamplingParams
 from engine_helpers import build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
 
 HERE = pathlib.Path(__file__).parent

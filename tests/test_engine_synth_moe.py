@@ -14,9 +14,9 @@ from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine import Engine
-from ggserve.server.kv_cache import KVCache
-from ggserve.server.loader import LoadedModel
+from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.memory.kv_cache import KVCache
+from ggserve.server.engine.loader import LoadedModel
 from engine_helpers import generate, max_logprob_deviation, tokens
 from synth_golden import chat, completions, engine, model_path, steps
 

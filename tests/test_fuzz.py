@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.media import MediaConfig
+from ggserve.server.api.media import MediaConfig
 from server_harness import RunningServer
 
 N_EXAMPLES = 560

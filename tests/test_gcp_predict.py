@@ -1,4 +1,4 @@
-"""Vertex AI's prediction protocol (AIP_MODE=PREDICTION, server/gcp_api.py), as llama-server 11434
+"""Vertex AI's prediction protocol (AIP_MODE=PREDICTION, server/api/vertex/predict.py), as llama-server 11434
 serves it: POST /predict with `instances`, each answered by the endpoint its @requestFormat names."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.gcp_api import port, request_format
+from ggserve.server.api.vertex.predict import port, request_format
 from server_harness import RunningServer
 
 CHAT = {"max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": "Say hello"}]}

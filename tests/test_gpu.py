@@ -22,7 +22,7 @@ from PIL import Image
 
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine import Engine, Request
+from ggserve.server.engine.engine import Engine, Request
 from engine_helpers import GREEDY, build_prompt, turn_starts
 
 HERE = pathlib.Path(__file__).parent

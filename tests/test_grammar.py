@@ -1,5 +1,5 @@
-"""Constrained decoding (server/grammar.py) on real vocabularies, and the grammar's
-mask inside the batched sampler (server/sampling.py)."""
+"""Constrained decoding (server/chat/grammar.py) on real vocabularies, and the grammar's
+mask inside the batched sampler (server/engine/sampling/sampler.py)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from ggserve.models.tokenizer.tokenizer import Tokenizer
-from ggserve.server import chat_output as co
-from ggserve.server.grammar import GrammarError, Grammars
-from ggserve.server.tool_grammar import tool_call_lark
-from ggserve.server.sampling import SamplingParams, SequenceSampler, sample_batch
+from ggserve.server.chat import output as co
+from ggserve.server.chat.grammar import GrammarError, Grammars
+from ggserve.server.chat.tools.grammar import tool_call_lark
+from ggserve.server.engine.sampling.sampler import SamplingParams, SequenceSampler, sample_batch
 
 SYNTH = "/work/shared/golden/synth/models"
 if not os.path.isdir(SYNTH):

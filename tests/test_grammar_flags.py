@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ggserve.server.app import create_app
-from ggserve.server.cli import config_from_args, serve_parser
+from ggserve.server.cli.main import config_from_args, serve_parser
 from server_harness import RunningServer
 
 REF = json.load(open(os.path.join(os.path.dirname(__file__), "data", "grammar_flags", "reference.json"),
@@ -77,7 +77,7 @@ def test_a_bad_grammar_flag_stops_the_server_naming_it(smollm2_path, argv, messa
 def test_an_object_schema_with_properties_takes_no_other_keys_as_llama_cpp_reads_it():
     # common/json-schema.cpp: "properties" without "additionalProperties" allows no other key
     # (JSON Schema would allow them); {"type": "object"} alone still takes any object
-    from ggserve.server.grammar import closed_objects
+    from ggserve.server.chat.grammar import closed_objects
 
     schema = {"type": "object", "properties": {"p": {"type": "object", "properties": {"q": {"type": "integer"}}},
                                                "free": {"type": "object"}},

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.limits import MAX_DEPTH, key_matches
+from ggserve.server.api.limits import MAX_DEPTH, key_matches
 from server_harness import RunningServer
 
 MAX_BODY = 16 * 2**20
@@ -179,7 +179,7 @@ def free_port() -> int:
 
 
 def serve(*args: str, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ggserve.server.cli", "serve", "--port", str(port),
+    return subprocess.Popen([sys.executable, "-m", "ggserve.server.cli.main", "serve", "--port", str(port),
                              "-t", "1", "--no-webui", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

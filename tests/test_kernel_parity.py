@@ -6,8 +6,8 @@ import pathlib
 
 import numpy as np
 
-from ggserve.server.engine import Engine
-from ggserve.server.kernel_parity import FA_TILED_MIN_ROWS, KernelParity
+from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.kernel_parity import FA_TILED_MIN_ROWS, KernelParity
 from engine_helpers import generate, max_logprob_deviation, tokens
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())["models"]["smollm2"]
@@ -48,7 +48,7 @@ def test_lone_rows_of_float_weights_get_the_one_row_kernel():
     leaves a lone row to vec_dot, which rounds differently: decode rows (each a
     1-row ubatch in llama-server) batched together must still get vec_dot."""
     from ggserve.native import ggml
-    from ggserve.server.kernel_parity import RowPlan, batched_rows
+    from ggserve.server.engine.kernel_parity import RowPlan, batched_rows
 
     rng = np.random.default_rng(0)
     k, m, n = 128, 64, 4

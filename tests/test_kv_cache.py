@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from ggserve.native import ggml
-from ggserve.server.kernel_parity import attention_calls
-from ggserve.server.kv_cache import KVCache, KVCacheFull, LayerKV
+from ggserve.server.engine.kernel_parity import attention_calls
+from ggserve.server.engine.memory.kv_cache import KVCache, KVCacheFull, LayerKV
 
 
 @pytest.fixture(scope="module")

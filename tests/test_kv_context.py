@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from engine_helpers import GREEDY, generate_requests, tokens
-from ggserve.server.cli import config_from_args, serve_parser
-from ggserve.server.engine import Engine, Request
-from ggserve.server.memory import context_sizes
+from ggserve.server.cli.main import config_from_args, serve_parser
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.memory.model_memory import context_sizes
 
 DATA = pathlib.Path(__file__).parent / "data" / "kv_cache"
 

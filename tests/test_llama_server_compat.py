@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.cli import config_from_args, serve_parser
-from ggserve.server.llama_flags import llama_argv
+from ggserve.server.cli.main import config_from_args, serve_parser
+from ggserve.server.cli.llama_flags import llama_argv
 from server_harness import RunningServer
 
 # What tools/server/tests/utils.py (llama.cpp 11434) passes to every server it starts.
@@ -124,7 +124,7 @@ def test_cors_default_echoes_any_origin_before_auth(smollm2_path):
     ("http://[::1]", True), ("http://[::1]:3000", True), ("http://evil.com", False),
     ("http://localhost.evil.com", False), ("http://notlocalhost", False)])
 def test_cors_localhost_reflects_only_local_origins(origin, echoed):
-    from ggserve.server.cors import CORS
+    from ggserve.server.api.cors import CORS
 
     assert (CORS(None, ["localhost"]).allowed(origin) == origin) is echoed
 
@@ -224,7 +224,7 @@ def test_verbose_request_field(server):
 
 def test_underscores_in_long_flags_read_as_dashes(smollm2_path):
     # llama.cpp's suite passes --backend_sampling; llama.cpp's arg parser reads _ as -
-    from ggserve.server.llama_flags import llama_argv
+    from ggserve.server.cli.llama_flags import llama_argv
 
     argv = llama_argv(["-m", smollm2_path, "--backend_sampling", "--n_predict=7", "--alias", "a_b"])
     assert argv[2:] == ["--backend-sampling", "--n-predict=7", "--alias", "a_b"]

@@ -7,9 +7,9 @@ import pathlib
 
 import pytest
 
-from ggserve.server.cli import config_from_args, serve_parser
-from ggserve.server.engine import Engine, Request
-from ggserve.server.sampling import SamplingParams
+from ggserve.server.cli.main import config_from_args, serve_parser
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.sampling.sampler import SamplingParams
 
 
 @pytest.mark.parametrize("argv,use_mmap,mlock", [

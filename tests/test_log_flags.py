@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
-from ggserve.server.cli import config_from_args, serve_parser
-from ggserve.server.llama_flags import llama_argv
-from ggserve.server.log_flags import setup_logging
+from ggserve.server.cli.main import config_from_args, serve_parser
+from ggserve.server.cli.llama_flags import llama_argv
+from ggserve.server.cli.log_flags import setup_logging
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def _free_port() -> int:
 
 def test_a_served_model_logs_json_lines_to_its_file_and_its_terminal(smollm2_path, tmp_path):
     path, port = tmp_path / "server.log", _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "ggserve.server.cli", "serve", "-m", smollm2_path, "-t", "1",
+    p = subprocess.Popen([sys.executable, "-m", "ggserve.server.cli.main", "serve", "-m", smollm2_path, "-t", "1",
                           "--port", str(port), "--no-webui", "--log-file", str(path), "--log-jsonl"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

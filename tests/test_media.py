@@ -1,4 +1,4 @@
-"""server/media.py: image_url parts -> decoded RGB images, with limits and fetch safety.
+"""server/api/media.py: image_url parts -> decoded RGB images, with limits and fetch safety.
 
 Images are built with Pillow here (exact pixels known); the JPEG golden pair in
 tests/data/media/ is llama.cpp's stb_image decode of the same file. Fetch tests run against
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ggserve.server.media import LoadedImage, MediaConfig, MediaError, decode_image, load_image
-from ggserve.server.media_fetch import _address_refused, _GuardedBackend, _host_allowed
+from ggserve.server.api.media import LoadedImage, MediaConfig, MediaError, decode_image, load_image
+from ggserve.server.api.media_fetch import _address_refused, _GuardedBackend, _host_allowed
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "media")
 CFG = MediaConfig()
@@ -527,7 +527,7 @@ async def test_guarded_connect_refuses_private_addresses(server):
 
 async def test_dns_answer_changing_after_the_check_is_caught(server, monkeypatch):
     # DNS rebinding: the per-hop check sees a public address, the connect sees loopback
-    from ggserve.server import media_fetch
+    from ggserve.server.api import media_fetch
     real, calls = media_fetch._resolve_checked, []
 
     async def rebinding(host, port, url):

@@ -5,10 +5,10 @@ import pytest
 
 from ggserve.models.memory import LayerKV, LayerRecurrent, equal_blocks
 from ggserve.native import ggml
-from ggserve.server.kv_cache import KVCache
-from ggserve.server.memory import Memory
-from ggserve.server.recurrent_state import SNAPSHOTS, RecurrentState
-from ggserve.server.sequence import Request, Sequence
+from ggserve.server.engine.memory.kv_cache import KVCache
+from ggserve.server.engine.memory.model_memory import Memory
+from ggserve.server.engine.memory.recurrent_state import SNAPSHOTS, RecurrentState
+from ggserve.server.engine.sequence import Request, Sequence
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import pytest
 
 from ggserve.models.registry import ModelError
 from ggserve.native.gguf_file import GGUFError
-from ggserve.server.engine import Engine
+from ggserve.server.engine.engine import Engine
 
 
 def test_missing_file(tmp_path):

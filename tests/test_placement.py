@@ -1,7 +1,7 @@
 """Where an engine's tensors live without a GPU: every weight and the KV cache on the
 CPU, a tied output read from token_embd itself. The same attributes tests/test_gpu.py
 reads on a GPU, so a rename shows here too and not only where a GPU is lent."""
-from ggserve.server.engine import Engine
+from ggserve.server.engine.engine import Engine
 
 
 def test_without_offload_every_weight_and_the_kv_cache_live_on_the_cpu(smollm2_path):

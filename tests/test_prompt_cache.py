@@ -9,9 +9,9 @@ import pytest
 
 from engine_helpers import GREEDY, generate, tokens
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.engine import Engine, Request
-from ggserve.server.host_cache import HostCache
-from ggserve.server.memory_snapshot import Snapshot
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.memory.host_cache import HostCache
+from ggserve.server.engine.memory.snapshot import Snapshot
 from server_harness import RunningServer
 
 SYSTEM = ("You are a helpful assistant who answers questions about colours, animals and "
@@ -190,7 +190,7 @@ def test_an_image_prompt_evicted_to_host_ram_comes_back_without_recomputing_the_
 
 
 def test_a_hybrid_models_conversation_comes_back_from_host_ram_with_its_recurrent_state():
-    from ggserve.server.prompts import PromptBuilder
+    from ggserve.server.chat.prompts import PromptBuilder
     from engine_helpers import generate_requests
     from synth_golden import model_path
 
@@ -219,7 +219,7 @@ def test_a_hybrid_models_conversation_comes_back_from_host_ram_with_its_recurren
 
 
 def test_cache_reuse_is_refused_with_its_reason_and_cache_ram_below_minus_one_too():
-    from ggserve.server.cli import config_from_args, serve_parser
+    from ggserve.server.cli.main import config_from_args, serve_parser
 
     with pytest.raises(SystemExit, match="--cache-reuse is not supported"):
         config_from_args(serve_parser().parse_args(["--cache-reuse", "256"]))

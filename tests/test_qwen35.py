@@ -9,8 +9,8 @@ from ggserve.models.registry import ModelError, model_class
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native.gguf_file import GGUFFile, TensorInfo
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.engine import Engine, Request
-from ggserve.server.prompts import PromptBuilder
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.chat.prompts import PromptBuilder
 from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
 from server_harness import RunningServer
 from synth_golden import chat, completions, model_path

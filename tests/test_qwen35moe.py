@@ -13,7 +13,7 @@ import pytest
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer.tokenizer import Tokenizer
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine import Engine
+from ggserve.server.engine.engine import Engine
 from ggserve.server.app import ServerConfig, create_app
 from engine_helpers import generate, max_logprob_deviation, tokens
 from server_harness import RunningServer

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.responses_items import ResponseStore
+from ggserve.server.api.openai.responses_items import ResponseStore
 from server_harness import RunningServer
 
 TEMPLATE = os.path.join(os.path.dirname(__file__), "data", "templates", "Qwen-Qwen3-0.6B.jinja")
@@ -184,7 +184,7 @@ def test_store_false_is_not_kept(client):
 
 
 def test_output_items_sent_back_make_one_assistant_turn():
-    from ggserve.server.responses_api import input_messages
+    from ggserve.server.api.openai.responses import input_messages
 
     items = [{"role": "user", "content": "Weather in Paris?"},
              {"type": "reasoning", "id": "rs_1", "summary": [],

@@ -20,7 +20,7 @@ import pytest
 
 from ggserve.native import ggml
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.loader import assign_layers
+from ggserve.server.engine.loader import assign_layers
 from server_harness import RunningServer
 
 GGSERVE = str(pathlib.Path(sys.executable).parent / "ggserve")
@@ -197,7 +197,7 @@ LLAMA_RPC_SERVER = os.environ.get("GGSERVE_LLAMA_RPC_SERVER")     # llama.cpp's 
 @pytest.mark.skipif(not LLAMA_RPC_SERVER, reason="GGSERVE_LLAMA_RPC_SERVER (llama.cpp's rpc-server binary) not set")
 def test_llama_cpp_rpc_servers_answer_as_local(smollm2_path, tmp_path):
     """Interoperability: workers that are llama.cpp's own rpc-server (same ggml, build 11434)."""
-    from ggserve.server.engine import Engine
+    from ggserve.server.engine.engine import Engine
     from engine_helpers import generate
 
     eps = [f"127.0.0.1:{free_port()}" for _ in range(2)]
@@ -226,7 +226,7 @@ def test_image_prompt_over_workers_answers_as_local(smollm2_path, mmproj_dir, tm
 
     from PIL import Image
 
-    from ggserve.server.engine import Engine, Request
+    from ggserve.server.engine.engine import Engine, Request
     from engine_helpers import GREEDY, build_prompt, generate_requests
 
     path = pathlib.Path(__file__).parent / "data" / "vision" / "grad_64x64.png"

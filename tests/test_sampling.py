@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from ggserve.server.sampling import SamplingParams, SequenceSampler, sample_batch
-from ggserve.server.sampling_filters import top_k_rows, top_p_prefix
+from ggserve.server.engine.sampling.sampler import SamplingParams, SequenceSampler, sample_batch
+from ggserve.server.engine.sampling.filters import top_k_rows, top_p_prefix
 
 # Probabilities 0.5, 0.25, 0.15, 0.10 as logits.
 PROBS4 = np.log(np.array([[0.5, 0.25, 0.15, 0.10]], dtype=np.float32))

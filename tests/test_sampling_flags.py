@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ggserve.server.app import create_app
-from ggserve.server.cli import config_from_args, serve_parser
+from ggserve.server.cli.main import config_from_args, serve_parser
 from server_harness import RunningServer
 
 REF = json.load(open(os.path.join(os.path.dirname(__file__), "data", "sampling_flags", "reference.json"),
@@ -58,7 +58,7 @@ def test_a_request_field_wins_over_its_flag(server):
     (["--dry-multiplier", "0.8"], "--dry-multiplier 0.8 is not supported"),
 ])
 def test_a_bad_sampling_flag_stops_the_server_naming_it(smollm2_path, argv, message):
-    from ggserve.server.llama_flags import check_llama_flags
+    from ggserve.server.cli.llama_flags import check_llama_flags
 
     with pytest.raises(SystemExit) as e:
         check_llama_flags(serve_parser().parse_args(["-m", smollm2_path, *argv]))

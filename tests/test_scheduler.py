@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggserve.server.scheduler import MAX_SKIPS, MIN_PROMPT_ROWS, Scheduler
-from ggserve.server.sequence import Request, Sequence
+from ggserve.server.engine.scheduler import MAX_SKIPS, MIN_PROMPT_ROWS, Scheduler
+from ggserve.server.engine.sequence import Request, Sequence
 
 
 def _decoding(i: int) -> Sequence:

@@ -437,7 +437,7 @@ def test_ggserve_serve_cli(model_path):
         port = s.getsockname()[1]
     env = {**os.environ, "LLAMA_ARG_CTX_SIZE": "1024", "LLAMA_ARG_ENDPOINT_METRICS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ggserve.server.cli", "serve", "-m", model_path, "-np", "2",
+        [sys.executable, "-m", "ggserve.server.cli.main", "serve", "-m", model_path, "-np", "2",
          "--port", str(port), "-a", "smol"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -84,7 +84,7 @@ def test_gpt_oss_chat_is_served_token_for_token_as_llama_cpp():
     ours = choice["logprobs"]["content"]
     assert [bytes(t["bytes"]) for t in ours] == [bytes(s["bytes"]) for s in ref["steps"]]
     # logprobs are not compared: the chat's prompt is computed in two batches, cut where
-    # llama-server cuts a chat at its last message delimiter (server/chat_turns.py), the
+    # llama-server cuts a chat at its last message delimiter (server/chat/turns.py), the
     # reference /completion in one, and the rows round differently (up to 0.25 here);
     # the uncut prompt's logprobs equal llama.cpp's exactly (tests/test_engine_synth_moe.py)
     assert choice["message"]["content"] == ref["generated_text"]

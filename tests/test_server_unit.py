@@ -11,13 +11,13 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from ggserve.server import schemas as S
+from ggserve.server.api import schemas as S
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.errors import APIError, to_api_error
-from ggserve.server.prompts import PromptBuilder
+from ggserve.server.api.errors import APIError, to_api_error
+from ggserve.server.chat.prompts import PromptBuilder
 from ggserve.server.request_errors import ContextLengthExceeded
-from ggserve.server.sequence import TokenEvent
-from ggserve.server.stops import StopMatcher
+from ggserve.server.engine.sequence import TokenEvent
+from ggserve.server.chat.stops import StopMatcher
 from server_harness import RunningServer, sse_events
 
 
@@ -451,7 +451,7 @@ def test_fake_api_key():
 # -- CLI ----------------------------------------------------------------------------------
 
 def test_cli_flags_and_env(monkeypatch, tmp_path):
-    from ggserve.server import cli
+    from ggserve.server.cli import main as cli
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
@@ -471,7 +471,7 @@ def test_cli_flags_and_env(monkeypatch, tmp_path):
 
 
 def test_cli_default_model_and_help(capsys):
-    from ggserve.server import cli
+    from ggserve.server.cli import main as cli
 
     assert cli.default_model() is None or cli.default_model().endswith(".gguf")
     with pytest.raises(SystemExit) as e:

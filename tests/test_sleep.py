@@ -1,5 +1,5 @@
 """--sleep-idle-seconds: the model is freed after that long idle and loaded again by the next
-request that needs it (llama-server 11434's sleeping state, server/sleep.py)."""
+request that needs it (llama-server 11434's sleeping state, server/service/sleep.py)."""
 from __future__ import annotations
 
 import time
@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.cli import config_from_args, serve_parser
+from ggserve.server.cli.main import config_from_args, serve_parser
 from server_harness import RunningServer
 
 COMPLETION = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0}

@@ -10,9 +10,9 @@ import struct
 import httpx
 import pytest
 
-from ggserve.server import slot_files
+from ggserve.server.engine.memory import slot_files
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.slot_files import SlotFileError
+from ggserve.server.engine.memory.slot_files import SlotFileError
 from server_harness import RunningServer
 
 PROMPT = [{"role": "system", "content": "You are a concise assistant for a museum about the sea."},
@@ -174,9 +174,9 @@ def test_load_refuses_a_newer_format_version(tmp_path, saved):
 
 
 def test_a_hybrid_models_slot_file_brings_back_its_recurrent_state(tmp_path):
-    from ggserve.server import memory_snapshot
-    from ggserve.server.engine import Engine, Request
-    from ggserve.server.prompts import PromptBuilder
+    from ggserve.server.engine.memory import snapshot as memory_snapshot
+    from ggserve.server.engine.engine import Engine, Request
+    from ggserve.server.chat.prompts import PromptBuilder
     from engine_helpers import GREEDY, generate_requests, tokens
     from synth_golden import model_path
 

@@ -1,4 +1,4 @@
-"""Speculative decoding (server/speculative.py, server/draft_model.py): drafted tokens
+"""Speculative decoding (server/engine/speculative/speculator.py, server/engine/speculative/draft_model.py): drafted tokens
 are verified in one step and the answers are llama.cpp's non-speculative ones,
 token for token; rejected rows leave nothing in the KV cache; sampling keeps its
 distribution (and, seeded, its very tokens).
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from engine_helpers import generate, generate_requests, tokens
-from ggserve.server.engine import Engine, Request
-from ggserve.server.sampling import SamplingParams
-from ggserve.server.sequence import Sequence
-from ggserve.server.speculative import SpecConfig, draft_length, lookup, simple_draft
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.sampling.sampler import SamplingParams
+from ggserve.server.engine.sequence import Sequence
+from ggserve.server.engine.speculative.speculator import SpecConfig, draft_length, lookup, simple_draft
 from synth_golden import case, completions, model_path
 
 GOLDEN = {c["key"]: c for c in json.loads(

@@ -1,5 +1,5 @@
 """Resumable streams (X-Conversation-Id, GET/DELETE /v1/stream, POST /v1/streams/lookup), as
-llama-server 11434 serves them (server/stream_resume.py)."""
+llama-server 11434 serves them (server/api/stream_resume.py)."""
 from __future__ import annotations
 
 import json

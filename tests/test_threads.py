@@ -1,10 +1,10 @@
 """ggml's CPU threads: one per physical core by default, as llama-server; -t for a lone decode row, -tb for larger steps."""
 import os
 
-from ggserve.server.cli import config_from_args, serve_parser
-from ggserve.server.cpu_topology import default_threads, physical_cores
-from ggserve.server.engine import Engine, Request
-from ggserve.server.sampling import SamplingParams
+from ggserve.server.cli.main import config_from_args, serve_parser
+from ggserve.server.engine.cpu_topology import default_threads, physical_cores
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.sampling.sampler import SamplingParams
 
 
 def _topology(root, siblings: dict[int, str]) -> str:

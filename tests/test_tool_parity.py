@@ -10,8 +10,8 @@ import os
 import pytest
 
 from ggserve.models.chat_template import ChatTemplate
-from ggserve.server import chat_output as co
-from ggserve.server.json_scan import minify
+from ggserve.server.chat import output as co
+from ggserve.server.chat.json_scan import minify
 
 HERE = os.path.join(os.path.dirname(__file__), "data")
 RECORDS = os.path.join(HERE, "tool_parity", "records.json")

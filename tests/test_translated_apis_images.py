@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.media import MediaConfig
+from ggserve.server.api.media import MediaConfig
 from server_harness import RunningServer
 
 IMAGES = pathlib.Path(__file__).parent / "data" / "vision"

@@ -15,7 +15,7 @@ from PIL import Image
 
 from engine_helpers import GREEDY, build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
 from ggserve.models.registry import ModelError
-from ggserve.server.engine import Engine, Request
+from ggserve.server.engine.engine import Engine, Request
 from synth_vision import CONFIGS, GOLDEN, LOGPROB_TOL, SYNTH, TWO, _cfg, _engine, _image, _mmproj, engines  # noqa: F401
 
 FAMILIES = ["pixtral", "mistral3", "mlp_anyres", "minicpmv"]
@@ -98,7 +98,7 @@ def test_four_concurrent_requests_equal_their_solo_answers():
         together = generate_requests(e, reqs)
         for k, name in enumerate(names):
             assert tokens(together[f"r{k}"]) == _golden("pixtral", name)["generated_ids"], name
-            # each row gets the kernel llama.cpp gives it alone (server/kernel_parity.py):
+            # each row gets the kernel llama.cpp gives it alone (server/engine/kernel_parity.py):
             # batched decode rows of F16 weights take the one-row kernel, as alone
             assert max_logprob_deviation(together[f"r{k}"], _steps(_golden("pixtral", name))) <= LOGPROB_TOL, name
     finally:

@@ -20,10 +20,10 @@ from engine_helpers import GREEDY, generate_requests, max_logprob_deviation, tok
 from ggserve.models.registry import ModelError
 from ggserve.models.vision.arrange import TileSpan, mrope_positions
 from ggserve.native import ggml
-from ggserve.server.engine import Engine, Request
-from ggserve.server.kv_cache import KVCache
+from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.memory.kv_cache import KVCache
 from ggserve.models.memory import LayerKV
-from ggserve.server.prompts import PromptBuilder
+from ggserve.server.chat.prompts import PromptBuilder
 from synth_vision import CONFIGS, GOLDEN, LOGPROB_TOL, SYNTH, TWO, _cfg, _engine, _image, _mmproj, engines  # noqa: F401
 
 FAMILIES = ["qwen25vl", "qwen3vl", "gemma4v", "llama4"]

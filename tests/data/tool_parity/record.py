@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="templates to record again (the other records are kept)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
-    from ggserve.server.cli import default_model
+    from ggserve.server.cli.main import default_model
 
     out_path = os.path.join(HERE, "records.json")
     records = []

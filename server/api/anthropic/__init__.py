@@ -1,0 +1,1 @@
+"""Anthropic's Messages API, as a translation onto the chat path."""

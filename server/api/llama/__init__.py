@@ -1,0 +1,1 @@
+"""llama-server's native endpoints: /completion, /infill, /props, /slots, /rerank, the chat page."""

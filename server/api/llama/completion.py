@@ -1,0 +1,309 @@
+"""llama-server's native completion endpoints, /completion and /completions (and
+/infill's answer, server/api/llama/infill.py): its request fields (`prompt` as text, token ids,
+a mixed list or several prompts, `n_predict`, `n_probs`, `return_tokens`) and its
+answer (`content`, `stop_type`, `stopping_word`, `generation_settings`, `timings`,
+`completion_probabilities`, ...); streamed as `data: {...}` frames with no [DONE],
+the last one the whole answer with empty `content`."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+from pydantic import Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ggserve.server.api import schemas as S
+from ggserve.server.api.common import API
+from ggserve.server.chat.options import compile_grammar, completion_options
+from ggserve.server.api.errors import invalid
+from ggserve.server.api.openai.generation import sse, unless_disconnected
+from ggserve.server.service.jobs import Job
+from ggserve.server.chat.prompts import Prompt
+
+# llama-server's sampler chain and the defaults of the samplers this server refuses to
+# change (server/api/schemas.py unsupported()), so `generation_settings` reads as its own.
+_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+_RANDOM_SEED = 4294967295         # LLAMA_DEFAULT_SEED: "pick one at random"
+
+
+class NativeCompletionRequest(S._Sampling):
+    prompt: Union[str, list[Any], dict[str, Any]]
+    return_tokens: bool = False
+    n_cmpl: Optional[int] = Field(None, ge=1)     # llama-server's name for n
+    post_sampling_probs: bool = False
+    n_keep: int = 0
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+    min_keep: int = 0
+    response_fields: Optional[list[str]] = None
+    # /infill's own fields (server/api/llama/infill.py)
+    input_prefix: Optional[str] = None
+    input_suffix: Optional[str] = None
+    input_extra: Optional[list[dict[str, Any]]] = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, v):
+        if v is None:
+            raise ValueError("`prompt` is required")
+        return v
+
+    @property
+    def limit(self) -> Optional[int]:
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        return None if n is None or n < 0 else n       # llama-server's -1: until EOS or context end
+
+    @property
+    def n_choices(self) -> int:
+        return self.n_cmpl or self.n
+
+    def refused(self) -> Optional[str]:
+        if self.n_indent:
+            return "n_indent"
+        if self.t_max_predict_ms:
+            return "t_max_predict_ms"
+        return None
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def split_prompts(prompt) -> list:
+    """llama-server's tokenize_input_prompts: a string, a list of ids, or a list mixing ids and
+    strings is one prompt; any other list is one prompt per element."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, dict):
+        prompt = [prompt]
+    if prompt and all(_is_id(x) or isinstance(x, str) for x in prompt) and any(_is_id(x) for x in prompt):
+        return [prompt]
+    if not prompt:
+        raise invalid("prompt must not be empty", param="prompt")
+    return list(prompt)
+
+
+def tokenize_mixed(tok, p) -> list[int]:
+    """One prompt -> ids, as llama-server's tokenize_mixed: only a leading string gets BOS.
+    {"prompt_string": ...} stands for its prompt_string (llama-server's JSON prompt)."""
+    if isinstance(p, dict):
+        if "multimodal_data" in p:
+            raise invalid("multimodal_data prompts are not supported by /completion here; send images "
+                          "to /v1/chat/completions", param="prompt")
+        if "prompt_string" not in p:
+            raise invalid("a JSON prompt needs a prompt_string", param="prompt")
+        p = p["prompt_string"]
+    parts = [p] if isinstance(p, str) else p
+    if not isinstance(parts, list):
+        raise invalid("each prompt must be a string, a list of token ids, or a list mixing both",
+                      param="prompt")
+    ids: list[int] = []
+    for i, x in enumerate(parts):
+        if isinstance(x, str):
+            ids += tok.encode(x, add_special=i == 0, parse_special=True)
+        elif _is_id(x):
+            if not 0 <= x < tok.n_vocab:
+                raise invalid(f"prompt has a token id out of range: {x}", param="prompt")
+            ids.append(x)
+        else:
+            raise invalid("each prompt must be a string, a list of token ids, or a list mixing both",
+                          param="prompt")
+    return ids
+
+
+def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
+    """llama-server's `generation_settings`: the sampling this answer ran with."""
+    return {
+        "seed": p.seed if p.seed is not None else _RANDOM_SEED,      # the request's, else --seed's
+        "temperature": p.temperature, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+        "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "top_n_sigma": -1.0,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": p.typical_p,
+        "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+        "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
+        "stop": req.stop or [], "max_tokens": req.limit if req.limit is not None else api.cfg.n_predict,
+        "n_predict": req.limit if req.limit is not None else api.cfg.n_predict,      # else -n's
+        "n_keep": api.n_keep(req), "n_discard": 0,
+        "ignore_eos": req.ignore_eos, "stream": req.stream,
+        # llama-server's {bias, token}; a ban (-inf) prints as null, as its JSON library writes it
+        "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in p.logit_bias.items()],
+        "n_probs": req.n_probs or 0, "min_keep": req.min_keep,
+        "grammar": req.grammar or "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+        "chat_format": "Content-only", "reasoning_format": api.cfg.reasoning_format,
+        "reasoning_in_content": False, "generation_prompt": "", "samplers": list(_SAMPLERS),
+        "speculative.types": "none", "timings_per_token": req.timings_per_token,
+        "post_sampling_probs": req.post_sampling_probs, "backend_sampling": False, "lora": [],
+    }
+
+
+def probs(api: API, entries, k: int, post: bool = False) -> list[dict]:
+    """`completion_probabilities` of the tokens behind a piece of text; post (post_sampling_probs):
+    probabilities after the sampler chain, as `prob` / `top_probs` (the sampler keeps them as logs)."""
+    tb = api.service.engine.tokenizer.token_bytes
+
+    def one(t, lp):
+        raw = tb(t)
+        return {"id": t, "token": S.token_text(raw), "bytes": list(raw),
+                **({"prob": math.exp(lp)} if post else {"logprob": lp})}
+
+    top_key = "top_probs" if post else "top_logprobs"
+    return [{**one(t, lp), top_key: [one(u, v) for u, v in top[:k]]} for t, lp, top in entries]
+
+
+def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
+    c = job.choices[i]
+    if c.stops.stopped:
+        return "word", c.stops.matched or ""
+    if finish == "length":
+        return "limit", ""
+    return ("eos", "") if finish else ("none", "")
+
+
+async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]]) -> tuple[Job, list]:
+    """The job, and the sampling parameters of a prompt's n_choices answers."""
+    api.settle_fields(req)
+    bad = req.refused()
+    if bad:
+        raise invalid(f"{bad} is not supported by this server", param=bad)
+    n = req.n_choices
+    api.check_n(n)
+    params = api.sampling(req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
+    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req, api.cfg))
+    for p in params:
+        p.grammar = grammar
+    job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
+                                   n_keep=api.n_keep(req),
+                                   ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
+                                   progress=req.stream and req.return_progress)
+    return job, params
+
+
+async def answer(api: API, request: Request, req: NativeCompletionRequest,
+                 prompts: list[list[int]]) -> Response:
+    """Run the prompts, n_cmpl (n) times each; answer in llama-server's native shape (a list
+    for several answers, prompt by prompt, `index` running over all)."""
+    n_cmpl = req.n_choices
+    prompts = [p for p in prompts for _ in range(n_cmpl)]
+    job, choice_params = await submit(api, req, prompts)
+    tok = api.engine.tokenizer
+    k = req.n_probs or 0
+    model = api.cfg.alias or api.cfg.model
+    settings = [generation_settings(api, req, p) for p in choice_params]      # seeds differ
+    n = len(prompts)
+    texts: list[list[str]] = [[] for _ in range(n)]
+
+    def final(i: int, content: str, ids: list[int], lps: list, finish) -> dict:
+        c = job.choices[i]
+        kind, word = stop_type(job, i, finish)
+        out = {"index": i, "content": content, "tokens": ids, "id_slot": 0, "stop": True,
+               "model": model, "tokens_predicted": c.n_tokens, "tokens_evaluated": c.n_prompt or len(prompts[i]),
+               "generation_settings": settings[i % n_cmpl], "prompt": tok.decode(prompts[i]),
+               "has_new_line": "\n" in "".join(texts[i]), "truncated": False,
+               "stop_type": kind, "stopping_word": word,
+               "tokens_cached": (c.n_prompt or len(prompts[i])) + max(c.n_tokens - 1, 0),
+               "timings": job.choice_timings(i)}
+        if k and not req.stream:          # a stream sent them with each token
+            out["completion_probabilities"] = probs(api, lps, k, req.post_sampling_probs)
+        return out
+
+    if not req.stream:
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list] = [[] for _ in range(n)]
+        finish: list = [None] * n
+
+        async def collect():
+            async for i, d in job:
+                texts[i].append(d.text)
+                lps[i].extend(d.logprobs)
+                ids[i].extend(t for t, _, _ in d.logprobs)
+                finish[i] = d.finish_reason or finish[i]
+
+        await unless_disconnected(request, job, collect())
+        for i, c in enumerate(job.choices):      # llama-server lists the EOS token among `tokens`
+            if c.eog_token is not None:
+                ids[i].append(c.eog_token)
+        outs = [final(i, "".join(texts[i]), ids[i] if req.return_tokens else [], lps[i], finish[i])
+                for i in range(n)]
+        if req.response_fields:
+            outs = [response_fields(o, req.response_fields) for o in outs]
+        return JSONResponse(outs[0] if n == 1 else outs)
+
+    async def events():
+        async for i, d in job:
+            texts[i].append(d.text)
+            c = job.choices[i]
+            if d.progress:
+                chunk = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1,
+                         "tokens_predicted": 0, "tokens_evaluated": c.n_prompt, "prompt_progress": d.progress}
+                if req.timings_per_token:
+                    chunk["timings"] = progress_timings(job.choice_timings(i), d.progress)
+                yield chunk
+            if d.text or d.logprobs:
+                chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
+                         "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
+                         "tokens_evaluated": c.n_prompt or len(prompts[i])}
+                if req.timings_per_token:
+                    chunk["timings"] = job.choice_timings(i)
+                if k:
+                    chunk["completion_probabilities"] = probs(api, d.logprobs, k, req.post_sampling_probs)
+                yield chunk
+            if d.finish_reason:
+                yield final(i, "", [], [], d.finish_reason)
+
+    return sse(job, events(), end="")
+
+
+def text_logit_bias(tok, body: dict) -> dict:
+    """llama-server's logit_bias may name tokens by text ([["hello", -1]] or {"hello": -1}):
+    each token of the text gets the bias. -> the same body with token ids only."""
+    lb = body.get("logit_bias")
+    if isinstance(lb, dict):
+        pairs = list(lb.items())
+    elif isinstance(lb, list) and all(isinstance(p, list) and len(p) == 2 for p in lb):
+        pairs = [tuple(p) for p in lb]
+    else:
+        return body
+    if not any(isinstance(k, str) and not k.isdigit() for k, _ in pairs):
+        return body
+    out = {}
+    for key, bias in pairs:
+        bias = -100.0 if bias is False else bias          # false: never (llama-server)
+        ids = [int(key)] if isinstance(key, int) or key.isdigit() else \
+            tok.encode(key, add_special=False, parse_special=False)
+        out.update({str(t): bias for t in ids})
+    return {**body, "logit_bias": out}
+
+
+def response_fields(out: dict, fields: list[str]) -> dict:
+    """llama-server's `response_fields`: only these fields, a/b naming b inside a."""
+    picked = {}
+    for path in fields:
+        cur, ok = out, True
+        for key in path.split("/"):
+            if isinstance(cur, dict) and key in cur:
+                cur = cur[key]
+            else:
+                ok = False
+                break
+        if ok:
+            picked[path] = cur
+    return picked
+
+
+async def completion(api: API, request: Request) -> Response:
+    """POST /completion, /completions: llama-server's native completion."""
+    req = NativeCompletionRequest.model_validate(text_logit_bias(api.engine.tokenizer, await api.json_body(request)))
+    tok = api.engine.tokenizer
+    prompts = [tokenize_mixed(tok, p) for p in split_prompts(req.prompt)]
+    return await answer(api, request, req, prompts)
+
+
+def progress_timings(timings: dict, progress: dict) -> dict:
+    """timings_per_token's `timings` of a prompt_progress frame: the prompt so far (processed
+    less cached tokens, and the time since the prompt started), nothing generated yet."""
+    n, ms = progress["processed"] - progress["cache"], float(progress["time_ms"])
+    return {**timings, "prompt_n": n, "prompt_ms": ms, "prompt_per_token_ms": ms / n if n else 0.0,
+            "prompt_per_second": n * 1000 / ms if ms else 0.0}

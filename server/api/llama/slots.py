@@ -1,0 +1,115 @@
+"""`GET /slots` (the slots and what each holds, in llama-server's shape; `--no-slots`
+turns it off) and `POST /slots/{id}?action=save|restore|erase` (slot files in
+`--slot-save-path`, server/engine/memory/slot_files.py). Each reads or changes the engine on its
+thread between two steps (Service.on_engine); an action on a slot that is running
+waits until it is idle, as llama-server defers it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ggserve.server.engine.memory import snapshot as memory_snapshot
+
+from ggserve.server.engine.memory import slot_files
+from ggserve.server.api.errors import APIError, invalid
+
+_BUSY = object()
+WAIT_S = 0.05
+
+
+class SlotsAPI:
+    def __init__(self, api, enabled: bool, save_path: str | None):
+        self.api = api
+        self.enabled = enabled
+        self.save_path = save_path
+        self._model = None           # the model's fingerprint, computed on first use
+
+    async def list(self, request: Request) -> JSONResponse:
+        if not self.enabled:
+            raise APIError(501, "This server does not support slots endpoint. Start it with `--slots`")
+        self.api.engine                                        # 503 while loading
+        slots = await self.api.service.on_engine(_listing)
+        if request.query_params.get("fail_on_no_slot") and not any(not s["is_processing"] for s in slots):
+            raise APIError(503, "no slot available")
+        return JSONResponse(slots)
+
+    async def action(self, request: Request) -> JSONResponse:
+        if not self.save_path:
+            raise APIError(501, "This server does not support slots action. Start it with `--slot-save-path`")
+        engine = self.api.engine
+        try:
+            slot = int(request.path_params["id_slot"])
+        except ValueError:
+            raise invalid("Invalid slot ID") from None
+        if not 0 <= slot < engine.n_parallel:
+            raise invalid("Invalid slot ID")
+        action = request.query_params.get("action")
+        if action == "erase":
+            n = await self._when_idle(slot, lambda e: e.slots.erase(slot))
+            return JSONResponse({"id_slot": slot, "n_erased": n})
+        if action not in ("save", "restore"):
+            raise invalid("Invalid action")
+        body = await self.api.json_body(request)
+        filename = body.get("filename") if isinstance(body, dict) else None
+        path = slot_files.path_in(self.save_path, filename)
+        t0 = time.perf_counter()
+        if action == "save":
+            n, n_bytes = await self._when_idle(slot, lambda e: self._save(e, slot, path))
+            return JSONResponse({"id_slot": slot, "filename": filename, "n_saved": n, "n_written": n_bytes,
+                                 "timings": {"save_ms": (time.perf_counter() - t0) * 1000}})
+        n, n_bytes = await self._when_idle(slot, lambda e: self._restore(e, slot, path))
+        return JSONResponse({"id_slot": slot, "filename": filename, "n_restored": n, "n_read": n_bytes,
+                             "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}})
+
+    async def _when_idle(self, slot: int, fn):
+        while True:
+            out = await self.api.service.on_engine(lambda e: _BUSY if slot in e.slots.running else fn(e))
+            if out is not _BUSY:
+                return out
+            await asyncio.sleep(WAIT_S)
+
+    def _fingerprint(self, engine) -> str:
+        if self._model is None:
+            self._model = slot_files.model_fingerprint(engine.loaded.gguf)
+        return self._model
+
+    def _save(self, engine, slot: int, path: str):
+        snap = engine.slots.snapshot(slot)
+        if snap is None:
+            raise invalid(f"slot {slot} holds no tokens to save")
+        n_bytes = slot_files.save(path, snap, self._fingerprint(engine), memory_snapshot.layout(engine.memory))
+        return snap.n, n_bytes
+
+    def _restore(self, engine, slot: int, path: str):
+        snap = slot_files.load(path, self._fingerprint(engine), memory_snapshot.layout(engine.memory), engine.n_ctx)
+        n = engine.slots.load(slot, snap)
+        if n != snap.n:
+            raise APIError(503, f"no room in the KV cache for {snap.n} tokens")
+        return n, os.path.getsize(path)
+
+
+def _listing(engine) -> list:
+    """Each slot as llama-server's /slots shows it (the fields this server has)."""
+    out = []
+    for slot in range(engine.n_parallel):
+        seq = engine.slots.running.get(slot) or engine.slots.last.get(slot)
+        info = {"id": slot, "n_ctx": engine.n_ctx, "speculative": False,
+                "is_processing": slot in engine.slots.running}
+        if seq is not None:
+            busy = slot in engine.slots.running       # an idle slot shows no budget (llama-server)
+            info.update({
+                "id_task": seq.id,
+                "n_prompt_tokens": len(engine.slots.slot_tokens(slot)),
+                "n_prompt_tokens_processed": max(0, min(seq.n_computed, seq.n_prompt) - seq.n_cached),
+                "n_prompt_tokens_cache": seq.n_cached,
+                "next_token": [{"has_next_token": busy, "has_new_line": False,
+                                "n_remain": max(0, seq.request.max_tokens - seq.n_generated) if busy else -1,
+                                "n_decoded": seq.n_generated if busy else 0}],
+            })
+        out.append(info)
+    return out

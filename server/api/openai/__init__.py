@@ -1,0 +1,1 @@
+"""OpenAI's endpoints: chat completions, completions, embeddings, the Responses API."""

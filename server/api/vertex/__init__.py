@@ -1,0 +1,1 @@
+"""Vertex AI's custom-container protocol (AIP_MODE=PREDICTION)."""

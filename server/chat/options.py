@@ -1,0 +1,171 @@
+"""What a chat request asks beyond sampling: tools and tool_choice, structured
+output (response_format, llama-server's json_schema / grammar), reasoning and
+template variables -> the template's inputs, the grammar that constrains
+decoding, and how each choice's output is parsed (server/chat/output.py)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from ggserve.server.chat import output as co
+from ggserve.server.request_errors import InvalidOption
+from ggserve.server.chat.grammar import GrammarError, Grammars
+from ggserve.server.chat.tools.grammar import tool_call_lark
+
+
+@dataclass
+class ChatOptions:
+    tools: list | None                 # passed to the template (None: tool_choice none)
+    template_kwargs: dict = field(default_factory=dict)
+    fmt: co.Format | None = None       # tool-call syntax, when tools are on
+    syntax: co.Format | None = None    # the template's output syntax (think tags), tools or not
+    reasoning: bool = True
+    parallel: bool = True
+    grammar_kind: str | None = None    # json_schema | gbnf | lark
+    grammar_text: object = None
+
+    def messages(self, msgs: list[dict], template=None) -> list[dict]:
+        """Messages as the template wants them: earlier calls' arguments as objects for
+        templates that expect them (as llama.cpp probes), and the generic format's
+        tools in a system message (the template has no place for them)."""
+        if template is not None and any(m.get("tool_calls") for m in msgs) \
+                and _arguments_kind(template) == "object":
+            msgs = co.object_arguments(msgs)
+        if not isinstance(self.fmt, co.Generic) or not self.tools:
+            return msgs
+        import json
+        text = ("You can call any of the following tools to satisfy the user's requests: "
+                + json.dumps(self.tools, ensure_ascii=False, indent=2)
+                + '\n\nRespond in JSON: {"tool_call": {"name": ..., "arguments": {...}}} to call a tool, '
+                  'or {"response": "..."} to answer.')
+        if msgs and msgs[0]["role"] == "system" and isinstance(msgs[0]["content"], str):
+            return [{**msgs[0], "content": msgs[0]["content"] + "\n\n" + text}] + msgs[1:]
+        return [{"role": "system", "content": text}] + msgs
+
+    def output(self, prompt_text: str):
+        """Factory of each choice's ChatOutput, given the rendered prompt."""
+        fmt = self.syntax or co.Format()
+        open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
+        return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning,
+                                 tools=self.fmt is not None, open_think=open_think)
+
+
+_KINDS: dict[int, str] = {}
+
+
+def _arguments_kind(template) -> str:
+    key = id(template)
+    if key not in _KINDS:
+        _KINDS[key] = co.template_arguments(lambda m: template.render(m))
+    return _KINDS[key]
+
+
+def _tool_names(tools: list) -> list[str]:
+    names = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise InvalidOption("each tool must be {\"type\": \"function\", \"function\": {\"name\", "
+                          "\"parameters\"}}", param=f"tools.{i}")
+        names.append(fn["name"])
+    return names
+
+
+def chat_options(req, cfg, template_source: str) -> ChatOptions:
+    """Check the request's tool, format and reasoning fields (400s name the field)."""
+    kwargs = {**cfg.chat_template_kwargs, **(req.chat_template_kwargs or {})}
+    if cfg.reasoning_budget == 0:
+        kwargs.setdefault("enable_thinking", False)
+    reasoning_format = req.reasoning_format or cfg.reasoning_format
+    choice = req.tool_choice
+    tools = req.tools or None
+    names = _tool_names(tools) if tools else []
+    if choice == "none":
+        tools = None
+    forced: list[str] = []
+    if choice == "required":
+        if not tools:
+            raise InvalidOption("tool_choice \"required\" needs tools", param="tool_choice")
+        forced = names
+    elif isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise InvalidOption("tool_choice must be \"none\", \"auto\", \"required\" or "
+                          "{\"type\": \"function\", \"function\": {\"name\"}}", param="tool_choice")
+        if name not in names:
+            raise InvalidOption(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        forced = [name]
+    # a named tool_choice forces exactly one call
+    opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
+                       parallel=req.parallel_tool_calls and not isinstance(choice, dict))
+    opts.syntax = co.detect(template_source)(tools)
+    if tools:
+        opts.fmt = opts.syntax
+
+    asked = []
+    rf = req.response_format
+    if rf is not None:
+        kind = rf.get("type")
+        if kind == "json_object":
+            schema = rf.get("schema") or {"type": "object"}
+            asked.append(("json_schema", schema))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if schema is None:
+                schema = rf.get("schema")
+            if not isinstance(schema, dict):
+                raise InvalidOption("response_format json_schema needs json_schema.schema (an object)",
+                              param="response_format")
+            asked.append(("json_schema", schema))
+        elif kind != "text":
+            raise InvalidOption("response_format.type must be text, json_object or json_schema",
+                          param="response_format")
+    if req.json_schema is not None:
+        asked.append(("json_schema", req.json_schema))
+    if req.grammar:
+        asked.append(("gbnf", req.grammar))
+    if forced:
+        if opts.fmt is None or asked:
+            raise InvalidOption("tool_choice required/named cannot be combined with a grammar or "
+                          "response_format", param="tool_choice")
+        asked.append(("tools", forced))
+    if len(asked) > 1:
+        raise InvalidOption("give at most one of response_format, json_schema and grammar",
+                      param="response_format")
+    if asked:
+        opts.grammar_kind, opts.grammar_text = asked[0]
+    elif not tools and getattr(cfg, "default_grammar", None):      # --grammar / --json-schema
+        opts.grammar_kind, opts.grammar_text = cfg.default_grammar
+    return opts
+
+
+def completion_options(req, cfg) -> ChatOptions:
+    """/v1/completions: llama-server's json_schema or grammar field (else --grammar / --json-schema)."""
+    opts = ChatOptions(None)
+    if req.json_schema is not None and req.grammar:
+        raise InvalidOption("give json_schema or grammar, not both", param="grammar")
+    if req.json_schema is not None:
+        opts.grammar_kind, opts.grammar_text = "json_schema", req.json_schema
+    elif req.grammar:
+        opts.grammar_kind, opts.grammar_text = "gbnf", req.grammar
+    elif getattr(cfg, "default_grammar", None):
+        opts.grammar_kind, opts.grammar_text = cfg.default_grammar
+    return opts
+
+
+def compile_grammar(grammars: Grammars, opts: ChatOptions):
+    """The request's grammar, compiled and checked (runs on the prompt thread)."""
+    if opts.grammar_kind is None:
+        return None
+    try:
+        if opts.grammar_kind == "tools":
+            lark = tool_call_lark(grammars, opts.fmt, opts.grammar_text, opts.parallel)
+            if lark is None:
+                return None          # a syntax the grammar cannot write: parsed, not forced
+            return grammars.compile("lark", lark)
+        return grammars.compile(opts.grammar_kind, opts.grammar_text)
+    except GrammarError as e:
+        param = {"gbnf": "grammar", "tools": "tool_choice"}.get(opts.grammar_kind, "response_format")
+        raise InvalidOption(str(e), param=param) from None

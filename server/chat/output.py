@@ -1,0 +1,202 @@
+"""Generated chat text -> what OpenAI's API returns: reasoning, content, tool calls.
+
+The tool-call syntax is the chat template's (llama.cpp's `common/chat*.cpp` define
+the same families; server/chat/tools/formats.py, tool_formats_xml.py, tool_syntax.py);
+`detect(template_source)` picks the format. `parse(text,
+partial)` reads a whole output or the prefix generated so far; `ChatOutput` feeds
+it the streamed text and returns only what is new: reasoning and content grow
+append-only (text that may still become a marker is held back), a tool call
+appears once its name is complete and its arguments then grow in pieces (minified
+JSON, so the streamed pieces join to exactly the non-streamed arguments).
+
+A call that is not valid at the end (broken JSON, a missing closer) leaves the
+whole output as content, as llama-server does.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+
+from ggserve.server.chat.json_scan import Malformed, skip_ws
+from ggserve.server.chat.tools.formats import DeepSeekR1, Generic, Hermes, KimiK2, Llama3, MistralNemo, _NameArgs, detect  # noqa: F401
+from ggserve.server.chat.tools.gemma4 import Gemma4
+from ggserve.server.chat.tools.xml import Glm45, Qwen3Coder
+from ggserve.server.chat.tools.xml import Harmony
+from ggserve.server.chat.tools.syntax import _ID_CHARS, Format, Parsed, held
+
+# the formats are chosen and named through this module (grammar.py, chat_options.py)
+__all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "KimiK2", "Llama3",
+           "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "detect", "new_call_id", "object_arguments", "parse",
+           "shown_tokens", "split_reasoning", "template_arguments"]
+
+
+
+def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_start: bool) -> tuple[str, str]:
+    """(reasoning, rest). A prompt that ends with the open tag starts inside reasoning.
+    As llama-server: reasoning loses its leading whitespace (its trailing whitespace
+    stays); after a think block the prompt opened, the content is kept verbatim."""
+    open_tag, close_tag = think
+    if not close_tag:
+        return "", text
+    body = text
+    if not open_at_start:
+        j = skip_ws(text, 0)
+        if partial and open_tag.startswith(text[j:]):
+            return "", ""
+        if not text.startswith(open_tag, j):
+            return "", text
+        body = text[j + len(open_tag):]
+    k = body.find(close_tag)
+    if k < 0:
+        if partial:
+            body = body[:len(body) - held(body, (close_tag,))]
+        return body.lstrip(), ""
+    rest = body[k + len(close_tag):]
+    return body[:k].lstrip(), rest if open_at_start else rest.lstrip()
+
+
+def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = True,
+          tools: bool = True, open_think: bool = False) -> Parsed:
+    """A whole output (or, partial, the part generated so far) -> Parsed."""
+    if isinstance(fmt, Harmony):
+        return fmt.parse(text, partial, reasoning, tools)
+    r, rest = split_reasoning(text, fmt.think, partial, open_think) if reasoning else ("", text)
+    if not tools:
+        return Parsed(r, rest.lstrip() if fmt.lstrip_content is True else rest)
+    try:
+        content, calls = fmt.split_calls(rest, partial)
+    except Malformed:
+        return Parsed(r, "" if partial else rest)
+    if fmt.lstrip_content is True or rest is text and fmt.lstrip_content is None:
+        content = content.lstrip()  # as llama-server: no leading whitespace
+    return Parsed(r, content, calls)
+
+
+_PROBE_ARGS = '{"probe_key": "probe_value"}'
+
+
+def template_arguments(render) -> str:
+    """How a template wants earlier calls' arguments: "string" (as OpenAI sends them)
+    or "object" (parsed), probed as llama.cpp does: a template that does not write a
+    string argument back as given gets objects. render(messages) -> text."""
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
+             "function": {"name": "probe_tool", "arguments": _PROBE_ARGS}}]},
+            {"role": "tool", "tool_call_id": "call00001", "content": "ok"}]
+    try:
+        if _PROBE_ARGS in render(msgs):
+            return "string"
+    except Exception:
+        pass
+    return "object"
+
+
+def object_arguments(messages: list[dict]) -> list[dict]:
+    """Messages with each tool call's JSON arguments string parsed into an object."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        fn = {**fn, "arguments": json.loads(fn["arguments"])}
+                    except ValueError:
+                        pass
+                    c = {**c, "function": fn}
+                calls.append(c)
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def new_call_id() -> str:
+    return "call_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24))
+
+
+@dataclass
+class MessageDelta:
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.tool_calls)
+
+
+class ChatOutput:
+    """One choice's streamed text -> deltas in OpenAI's shape (see the module doc)."""
+
+    def __init__(self, fmt: Format, *, reasoning: bool = True, tools: bool = True,
+                 open_think: bool = False):
+        self.fmt = fmt
+        self.opts = dict(reasoning=reasoning, tools=tools, open_think=open_think)
+        self.text = ""
+        self.reasoning = ""
+        self.content = ""
+        self.calls: list[dict] = []      # OpenAI tool_calls, as emitted so far
+
+    def feed(self, piece: str) -> MessageDelta:
+        if not piece:
+            return MessageDelta()
+        self.text += piece
+        return self._emit(parse(self.text, self.fmt, partial=True, **self.opts))
+
+    def finish(self) -> MessageDelta:
+        p = parse(self.text, self.fmt, partial=False, **self.opts)
+        if len(p.calls) < len(self.calls):
+            # the text ended inside a call (max_tokens) or broke one after it had
+            # started streaming: what was streamed stands, nothing is repeated as content
+            return MessageDelta()
+        return self._emit(p)
+
+    def _emit(self, p: Parsed) -> MessageDelta:
+        d = MessageDelta()
+        if p.reasoning.startswith(self.reasoning):
+            d.reasoning = p.reasoning[len(self.reasoning):]
+            self.reasoning = p.reasoning
+        if p.content.startswith(self.content):
+            d.content = p.content[len(self.content):]
+            self.content = p.content
+        for i, call in enumerate(p.calls):
+            if call.name is None:
+                break
+            if i >= len(self.calls):
+                cid = call.id or new_call_id()
+                self.calls.append({"id": cid, "type": "function",
+                                   "function": {"name": call.name, "arguments": call.args}})
+                d.tool_calls.append({"index": i, "id": cid, "type": "function",
+                                     "function": {"name": call.name, "arguments": call.args}})
+                continue
+            fn = self.calls[i]["function"]
+            if call.args.startswith(fn["arguments"]) and len(call.args) > len(fn["arguments"]):
+                d.tool_calls.append({"index": i, "function": {"arguments": call.args[len(fn["arguments"]):]}})
+                fn["arguments"] = call.args
+        return d
+
+
+class ShowingDecoder:
+    """Detokenizer that keeps the text of the given control tokens (a format's
+    markers, llama-server's preserved tokens) and drops the other control tokens."""
+
+    def __init__(self, tokenizer, show: frozenset[int]):
+        import codecs
+        self._tok = tokenizer
+        self._show = show
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self._tok.token_bytes(token_id, special=token_id in self._show))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+def shown_tokens(tokenizer, fmt: Format, tools: bool = True) -> frozenset[int]:
+    """Ids of the control tokens among the format's markers and think tags."""
+    if not hasattr(tokenizer, "token_to_id"):
+        return frozenset()
+    ids = (tokenizer.token_to_id(t) for t in fmt.preserved(tools))
+    return frozenset(i for i in ids if i is not None and tokenizer.is_special(i))

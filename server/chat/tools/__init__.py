@@ -1,0 +1,1 @@
+"""Tool-call syntaxes of the chat-template families and the grammars that force calls."""

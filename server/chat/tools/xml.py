@@ -1,0 +1,171 @@
+"""Tool-call syntaxes with XML-style parameters or channels: Qwen3-Coder, GLM 4.x,
+gpt-oss harmony."""
+from __future__ import annotations
+
+import re
+
+from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
+from ggserve.server.chat.tools.syntax import Call, Format, Parsed, _Incomplete, _dumps, _expect, _typed, held
+
+
+class _XmlParams(Format):
+    """Shared by the XML-style formats: named parameters whose values are text,
+    typed by the tool's schema. While streaming, the arguments grow as JSON: the
+    finished parameters, then the key being written and its value so far (an open
+    string, or the JSON written so far), as llama-server streams them."""
+
+    def xml_call(self, name: str, params: list[tuple[str, str]]) -> Call:
+        return Call(name, _dumps({k: _typed(v, self.param_schema(name, k)) for k, v in params}))
+
+    def partial_call(self, name: str, params: list[tuple[str, str]], key: str | None = None,
+                     raw: str = "") -> Call:
+        parts = [f"{_dumps(k)}:{_dumps(_typed(v, self.param_schema(name, k)))}" for k, v in params]
+        if key is not None:
+            tail = f"{_dumps(key)}:"
+            if raw:
+                as_text = (self.param_schema(name, key) or {}).get("type") == "string"
+                if not as_text:
+                    try:
+                        value_end(raw)
+                    except Malformed:
+                        as_text = True
+                tail += _dumps(raw)[:-1] if as_text else minify(raw)
+            parts.append(tail)
+        return Call(name, "{" + ",".join(parts))
+
+    def incomplete(self, text: str, i: int, name: str, params, key_open: str, key_close: str,
+                   value_open: str, value_close: str):
+        """Raise _Incomplete for the parameter being written at text[i:] (partial only)."""
+        j = skip_ws(text, i)
+        rest = text[j:]
+        if not rest.startswith(key_open):
+            if key_open.startswith(rest) or any(c.startswith(rest) for c in self.closers):
+                raise _Incomplete([self.partial_call(name, params)])
+            return
+        k = text.find(key_close, j + len(key_open))
+        if k < 0:
+            raise _Incomplete([self.partial_call(name, params)])
+        key = text[j + len(key_open):k].strip()
+        v = k + len(key_close)
+        if value_open:
+            v = skip_ws(text, v)
+            if not text.startswith(value_open, v):
+                if value_open.startswith(text[v:]):
+                    raise _Incomplete([self.partial_call(name, params, key)])
+                return
+            v += len(value_open)
+        raw = text[v:]
+        raw = raw[:len(raw) - held(raw, (value_close,))]
+        if raw.startswith("\n") and not value_open:
+            raw = raw[1:]
+        raise _Incomplete([self.partial_call(name, params, key, raw.rstrip("\n"))])
+
+
+class Qwen3Coder(_XmlParams):
+    """Qwen3-Coder: <tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>."""
+
+    name = "qwen3_coder"
+    markers = ("<tool_call>", "</tool_call>")
+    starts = ("<tool_call>",)
+    closers = ("</function>",)
+    _fn = re.compile(r"\s*<function=([^>\n]+)>")
+    _param = re.compile(r"\s*<parameter=([^>\n]+)>\n?")
+
+    def block(self, text, i, partial):
+        i = _expect(text, i, "<tool_call>", partial)
+        m = self._fn.match(text, i)
+        if not m:
+            rest = text[skip_ws(text, i):]
+            if partial and ("<function=".startswith(rest) or rest.startswith("<function=") and ">" not in rest):
+                raise _Incomplete([Call(None)])
+            raise Malformed("expected <function=NAME>")
+        name, i, params = m.group(1).strip(), m.end(), []
+        while True:
+            p = self._param.match(text, i)
+            end = text.find("</parameter>", p.end()) if p else -1
+            if end < 0:
+                break
+            value = text[p.end():end]
+            params.append((p.group(1).strip(), value[:-1] if value.endswith("\n") else value))
+            i = end + len("</parameter>")
+        if partial:
+            self.incomplete(text, i, name, params, "<parameter=", ">", "", "</parameter>")
+        try:
+            i = _expect(text, i, "</function>", partial)
+            i = _expect(text, i, "</tool_call>", partial)
+        except _Incomplete:
+            raise _Incomplete([self.partial_call(name, params)])
+        return [self.xml_call(name, params)], i
+
+
+class Glm45(_XmlParams):
+    """GLM 4.5/4.6/4.7: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>."""
+
+    name = "glm"
+    markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+    starts = ("<tool_call>",)
+    closers = ("</tool_call>",)
+    _kv = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+    def block(self, text, i, partial):
+        i = _expect(text, i, "<tool_call>", partial)
+        # the name ends at its line end (or the first key, or the closer)
+        ends = [j for j in (text.find("<arg_key>", i), text.find("</tool_call>", i), text.find("\n", i + 1))
+                if j >= 0]
+        if not ends:
+            raise _Incomplete([Call(None)]) if partial else Malformed("unterminated tool call")
+        name, i, params = text[i:min(ends)].strip(), min(ends), []
+        while (m := self._kv.match(text, i)):
+            params.append((m.group(1).strip(), m.group(2)))
+            i = m.end()
+        if partial:
+            self.incomplete(text, i, name, params, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+        try:
+            i = _expect(text, i, "</tool_call>", partial)
+        except _Incomplete:
+            raise _Incomplete([self.partial_call(name, params)])
+        return [self.xml_call(name, params)], i
+
+
+class Harmony(Format):
+    """gpt-oss: channels. analysis -> reasoning, final -> content,
+    commentary to=functions.NAME -> a call (its message is the arguments)."""
+
+    name = "gpt_oss"
+    think = ("", "")
+    markers = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
+    always_shown = markers             # llama-server reads the channels with or without tools
+    _to = re.compile(r"to=functions\.([^\s<]+)")
+
+    def parse(self, text: str, partial: bool, reasoning: bool, tools: bool) -> Parsed:
+        out = Parsed()
+        msgs = text.split("<|start|>")
+        for n, msg in enumerate(msgs):
+            last = n == len(msgs) - 1
+            if n > 0 and not msg.startswith("assistant"):
+                if last and partial and "assistant".startswith(msg):
+                    break
+                out.content += "<|start|>" + msg
+                continue
+            head, sep, body = msg.partition("<|message|>")
+            if not sep:
+                if last and partial:
+                    break
+                out.content += msg
+                continue
+            closed = False
+            for end in ("<|end|>", "<|call|>", "<|return|>"):
+                if end in body:
+                    body, closed = body.split(end, 1)[0], True
+                    break
+            if partial and not closed:
+                body = body[:len(body) - held(body, ("<|end|>", "<|call|>", "<|return|>"))]
+            channel = head.split("<|channel|>", 1)[-1].split()[0] if "<|channel|>" in head else ""
+            to = self._to.search(head)
+            if to and tools:
+                out.calls.append(Call(to.group(1), minify(body)))
+            elif channel == "analysis" and reasoning:
+                out.reasoning += body
+            else:
+                out.content += body
+        return out

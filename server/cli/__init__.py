@@ -1,0 +1,1 @@
+"""The command line: flags (llama-server's among them) and subcommands."""

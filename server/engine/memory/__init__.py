@@ -1,0 +1,1 @@
+"""A model's memory: KV cells, recurrent states, slots and their prefixes, host-RAM and file snapshots."""

@@ -1,0 +1,158 @@
+"""A model's memory: the KV cache for its attention layers and, for hybrid models,
+a recurrent state per sequence for its recurrent layers. Built from the specs the
+model declares (models/memory.py); the prefix cache and the engine change it only
+through the operations here, so both kinds stay in step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ggserve.models.memory import LayerKV, LayerRecurrent
+from ggserve.server.engine.memory.kv_cache import KVCache
+from ggserve.server.engine.memory.recurrent_state import RecurrentState
+
+CHECKPOINT_TAIL = 4     # ref: llama.cpp tools/server/server-context.cpp, checkpoint_offsets
+N_CTX_PAD = 256         # llama.cpp pads context sizes to a multiple of this (llama-context.cpp)
+
+
+def _pad(n: int) -> int:
+    return -(-n // N_CTX_PAD) * N_CTX_PAD
+
+
+def context_sizes(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) -> tuple[int, int]:
+    """(KV cells, context per slot) as llama.cpp 11434 sizes them: n_ctx 0 is the
+    model's training context; the total is padded to 256; a unified cache lets any
+    slot use all of it, otherwise each slot gets its share padded to 256 (and the
+    total grows to match); a slot never gets more than the training context
+    (llama-server's n_ctx_slot)."""
+    n = n_ctx or n_ctx_train
+    if n <= 0:
+        raise ValueError("-c 0 asks for the model's training context, which this GGUF does not give "
+                         "(<arch>.context_length): pass -c N")
+    n = _pad(n)
+    per_slot = n if unified else _pad(n // n_parallel)
+    if not unified:
+        n = per_slot * n_parallel
+    return n, min(per_slot, n_ctx_train) if n_ctx_train > 0 else per_slot
+
+
+class Memory:
+    def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1):
+        self.backend = backend
+        attention = [s if isinstance(s, LayerKV) else None for s in specs]
+        recurrent = [s if isinstance(s, LayerRecurrent) else None for s in specs]
+        # every model keeps a KV cache (it also records which tokens each sequence
+        # holds); layers without attention get no K/V storage in it
+        self.kv = KVCache(backend, attention, kv_size, type_k, type_v, n_regions=n_seqs, n_pos=n_pos)
+        self.recurrent = RecurrentState(backend, recurrent, n_seqs) if any(recurrent) else None
+
+    def close(self) -> None:
+        self.kv.close()
+        if self.recurrent is not None:
+            self.recurrent.close()
+
+    @property
+    def n_used(self) -> int:
+        return self.kv.n_used
+
+    def nbytes_by_device(self) -> dict:
+        out = dict(self.kv.nbytes_by_device())
+        if self.recurrent is not None:
+            for name, n in self.recurrent.nbytes_by_device().items():
+                out[name] = out.get(name, 0) + n
+        return out
+
+    # -- sequences -------------------------------------------------------------------
+
+    @property
+    def cuts_anywhere(self) -> bool:
+        """Can a sequence's memory be cut after any of its tokens? Not with a
+        recurrent state, which holds only where the sequence is and where it was
+        saved."""
+        return self.recurrent is None
+
+    def state_points(self, n_prompt: int, turn_starts=()) -> tuple[int, ...]:
+        """Where a prompt's recurrent state is saved on its way (a prompt chunk ends
+        there): as llama-server's context checkpoints, CHECKPOINT_TAIL tokens before
+        the prompt's end (the next turn of a chat continues the prompt up to the
+        assistant's opening) and at user turns (a conversation sharing the system
+        prompt). () without recurrent layers."""
+        if self.recurrent is None:
+            return ()
+        return tuple(sorted({p for p in (n_prompt - CHECKPOINT_TAIL, *turn_starts) if 0 < p < n_prompt}))
+
+    def reusable(self, seq: int, n: int) -> int:
+        """How many of n cached tokens seq can keep (or give to another sequence):
+        all of them, or with a recurrent state, as many as it has a state for."""
+        return n if self.recurrent is None else self.recurrent.reusable(seq, n)
+
+    def keep(self, seq: int, n: int, pos: int) -> None:
+        """seq keeps its first n tokens (n from `reusable`), those before position pos,
+        and drops the rest."""
+        self.kv.seq_rm(seq, pos)
+        if self.recurrent is not None:
+            if n == 0:
+                self.recurrent.alloc(seq)
+            else:
+                self.recurrent.keep(seq, n)
+
+    def take_prefix(self, src: int, dst: int, n: int, pos: int) -> bool:
+        """dst drops what it holds and gets src's first n tokens (n > 0, those before
+        position pos); False (nothing changed) when src has no recurrent state there."""
+        if n <= 0 or self.reusable(src, n) != n:
+            return False
+        self.kv.seq_rm(dst)
+        if self.recurrent is not None:
+            self.recurrent.copy(src, dst, n)
+        if not self.kv.seq_copy(self.backend, src, dst, pos):
+            self.kv.seq_cp(src, dst, 0, pos)     # no room to copy (or not one cell per position): share
+        return True
+
+    def context_shift(self, seq: int, n_keep: int, n_discard: int, n_past: int, model) -> bool:
+        """seq drops its tokens n_keep .. n_keep + n_discard and the n_past - n_keep -
+        n_discard after them move back to follow the kept ones, keys re-rotated
+        (llama-server's context shift: seq_rm, seq_add). False (nothing done) where
+        memory cannot: a recurrent state, M-RoPE, or cells shared with another sequence."""
+        if self.recurrent is not None or not self.kv.owns(seq, n_keep):
+            return False
+        self.kv.seq_rm(seq, n_keep, n_keep + n_discard)
+        self.kv.seq_add(self.backend, model, seq, n_keep + n_discard, n_past, -n_discard)
+        return True
+
+    def free(self, seq: int) -> None:
+        self.kv.seq_rm(seq)
+        if self.recurrent is not None:
+            self.recurrent.free(seq)
+
+    def clear(self) -> None:
+        self.kv.clear()
+        if self.recurrent is not None:
+            for s in range(self.recurrent.n_seqs):
+                self.recurrent.free(s)
+
+    # -- steps -----------------------------------------------------------------------
+
+    def begin_step(self, seqs: list[int], counts: list[int], seq_ids, positions, spans) -> np.ndarray:
+        """Place and record the step's tokens (masks are built from them). -> the cells.
+        (The step writes new recurrent states beside the live ones: see end_step.)"""
+        cells = self.kv.find_cells_for(seqs, counts)
+        self.kv.commit(cells, seq_ids, positions, spans)
+        return cells
+
+    def end_step(self, seqs: list[int], counts: list[int], save=()) -> None:
+        """The step succeeded: the recurrent states it wrote become the live ones, and
+        those of the sequences in `save` (at one of their state points) are saved."""
+        if self.recurrent is not None:
+            self.recurrent.advance(seqs, counts)
+            self.recurrent.snapshot(save)
+
+    def drop(self, cells: np.ndarray) -> None:
+        """Cells a step wrote that its sequence does not keep (rejected drafted tokens,
+        the last of their sequence's cells) are free again. Only without recurrent
+        state, which cannot be cut back (cuts_anywhere)."""
+        self.kv.rollback(cells)
+
+    def undo_step(self, cells: np.ndarray, seqs: list[int]) -> None:
+        """The step failed: its cells are free and each state is as before it (the
+        live state was only read)."""
+        self.kv.rollback(cells)

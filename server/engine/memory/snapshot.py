@@ -1,0 +1,130 @@
+"""A sequence's memory as plain bytes in host RAM: taken from the KV cache and put
+back into it, bit for bit.
+
+What the host-RAM prompt cache (server/engine/memory/host_cache.py) and slot files
+(server/engine/memory/slot_files.py) hold. A snapshot keeps the raw rows of every attention
+layer's K and V for the sequence's cells in position order, with the cells'
+positions and image-span ids; put back at the start of a sequence's cells (where
+the sequence would have computed them), the next step attends over exactly what it
+would have had the prefix never left. For a model with recurrent layers the
+snapshot also holds the sequence's states where it has them (where it ends, and
+the points saved on its way, server/engine/memory/recurrent_state.py): it can give back a
+prefix only up to one of those points (`reusable`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggserve.native import ggml
+from ggserve.server.engine.memory.model_memory import Memory
+
+
+@dataclass
+class Snapshot:
+    tokens: tuple          # the tokens whose memory this is (image placeholders included)
+    positions: np.ndarray  # int32 [n_pos, n]
+    spans: np.ndarray      # int64 [n]: bidirectional span id per cell (0: none)
+    k: list                # per layer: bytes of n rows, or None (a layer without attention)
+    v: list
+    states: dict | None = None   # recurrent layers: position -> bytes per state tensor; None without
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        rows = sum(len(b) for b in (*self.k, *self.v) if b is not None)
+        rows += sum(len(b) for st in (self.states or {}).values() for b in st)
+        return rows + self.positions.nbytes + self.spans.nbytes + 8 * self.n
+
+    def reusable(self, n: int) -> int:
+        """How many of the first n tokens this snapshot can give back (with recurrent
+        states: up to the furthest state point at or before n)."""
+        n = min(n, self.n)
+        return n if self.states is None else max((p for p in self.states if p <= n), default=0)
+
+
+def row_sizes(memory: Memory) -> list:
+    """Bytes per cell of each layer's K and V: [(k, v) or None]."""
+    kv = memory.kv
+    return [None if k is None else (k.nb[1], v.nb[1]) for k, v in zip(kv.k, kv.v)]
+
+
+def _runs(cells: np.ndarray):
+    """(i, first cell, count) of each run of consecutive cells, in the given order."""
+    if not len(cells):
+        return []
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(cells) != 1) + 1])
+    ends = np.concatenate([starts[1:], [len(cells)]])
+    return [(int(a), int(cells[a]), int(b - a)) for a, b in zip(starts, ends)]
+
+
+def _cells(memory: Memory, seq: int) -> np.ndarray:
+    """seq's cells in position order (then index order)."""
+    kv = memory.kv
+    cells = np.flatnonzero((kv.seqs & (np.uint64(1) << np.uint64(seq))) != 0)
+    return cells[np.argsort(kv.pos[cells], kind="stable")]
+
+
+def capture(memory: Memory, seq: int, tokens) -> Snapshot | None:
+    """The memory of seq, which holds exactly these tokens; None when it cannot be
+    taken (cells that do not match the tokens, or no recurrent state to give back)."""
+    if not tokens:
+        return None
+    states = None
+    if memory.recurrent is not None:
+        states = memory.recurrent.export(seq, len(tokens))
+        if not states:
+            return None
+    kv = memory.kv
+    cells = _cells(memory, seq)
+    if len(cells) != len(tokens):
+        return None
+    runs = _runs(cells)
+
+    def read(t):
+        row = t.nb[1]
+        return b"".join(t.read_bytes(c * row, m * row) for _, c, m in runs)
+
+    k = [None if t is None else read(t) for t in kv.k]
+    v = [None if t is None else read(t) for t in kv.v]
+    return Snapshot(tuple(tokens), kv.positions_of(cells).astype(np.int32), kv.span[cells].astype(np.int64),
+                    k, v, states)
+
+
+def restore(memory: Memory, seq: int, snap: Snapshot, n: int | None = None) -> int:
+    """seq (holding nothing) gets the snapshot's first n tokens (all by default; n
+    from `reusable`), in the cells it would have computed them in. -> n; 0 when
+    there is no room."""
+    n = snap.n if n is None else n
+    if n <= 0 or snap.reusable(n) != n:
+        return 0
+    kv = memory.kv
+    try:
+        cells = kv.find_cells_for([seq], [n])
+    except Exception:          # KVCacheFull: the caller computes the prefix instead
+        return 0
+    runs = _runs(cells)
+    for t, data in (*zip(kv.k, snap.k), *zip(kv.v, snap.v)):
+        if t is None:
+            continue
+        row = t.nb[1]
+        rows = np.frombuffer(data, dtype=np.uint8, count=n * row)
+        for i, c, m in runs:
+            t.write(rows[i * row:(i + m) * row], c * row)
+    kv.commit(cells, np.full(n, seq, dtype=np.int64), snap.positions[:, :n], snap.spans[:n])
+    if memory.recurrent is not None:
+        memory.recurrent.import_(seq, snap.states, n)
+    return n
+
+
+def layout(memory: Memory) -> dict:
+    """What a snapshot's bytes depend on besides the weights: cache types, row sizes,
+    positions per token."""
+    kv = memory.kv
+    return {"type_k": ggml.type_name(kv.type_k), "type_v": ggml.type_name(kv.type_v),
+            "n_pos": kv.n_pos, "rows": [list(r) if r else None for r in row_sizes(memory)],
+            "recurrent": memory.recurrent.row_bytes() if memory.recurrent is not None else []}

@@ -1,0 +1,1 @@
+"""Token sampling with llama.cpp's sampler-chain semantics."""

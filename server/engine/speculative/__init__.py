@@ -1,0 +1,1 @@
+"""Speculative decoding: the drafts a decode step verifies."""

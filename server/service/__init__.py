@@ -1,0 +1,1 @@
+"""The asyncio bridge: the only door from the API to the engine."""
