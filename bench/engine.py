@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import envelope, write_json  # noqa: E402
 
-from ggserve.server.engine.engine import Engine, Request  # noqa: E402
+from ggserve.server.engine.engine import EngineConfig, Engine, Request  # noqa: E402
 from ggserve.server.cli.generate import default_model_path  # noqa: E402
 from ggserve.server.engine.sampling.sampler import SamplingParams  # noqa: E402
 
@@ -39,8 +39,8 @@ GREEDY = SamplingParams(temperature=0.0, top_k=1)
 
 def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int, depth: int = 0,
                   ngl: int = 0, parity: bool = True, cpu_kernels: bool = True) -> dict:
-    engine = Engine(model, n_ctx=max(2048, depth + n_gen + 256), n_batch=n_prompt, n_parallel=1,
-                    n_threads=threads, n_gpu_layers=ngl, kernel_parity=parity, cpu_kernels=cpu_kernels)
+    engine = Engine(EngineConfig(model, n_ctx=max(2048, depth + n_gen + 256), n_batch=n_prompt, n_parallel=1,
+                    n_threads=threads, n_gpu_layers=ngl, kernel_parity=parity, cpu_kernels=cpu_kernels))
     vocab = engine.tokenizer.n_vocab
     prompt = [(i * 7919) % (vocab - 1000) + 500 for i in range(n_prompt)]
     pp, tg, overhead = [], [], []
@@ -86,7 +86,7 @@ def decode_parts(model: str, threads: int, n_gen: int, top: int = 12) -> dict:
     import cProfile
     import pstats
 
-    engine = Engine(model, n_ctx=max(2048, n_gen + 256), n_batch=512, n_parallel=1, n_threads=threads)
+    engine = Engine(EngineConfig(model, n_ctx=max(2048, n_gen + 256), n_batch=512, n_parallel=1, n_threads=threads))
     _run(engine, Request("w", [1000, 2000], GREEDY, max_tokens=n_gen, ignore_eos=True))      # warm up
     engine.clear_cache()
     engine.add(Request("g", [1000, 2000], GREEDY, max_tokens=n_gen + 1, ignore_eos=True))

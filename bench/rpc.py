@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import envelope, write_json  # noqa: E402
 
 from ggserve.native import ggml  # noqa: E402
-from ggserve.server.engine.engine import Engine, Request  # noqa: E402
+from ggserve.server.engine.engine import EngineConfig, Engine, Request  # noqa: E402
 from ggserve.server.cli.generate import default_model_path  # noqa: E402
 from ggserve.server.engine.sampling.sampler import SamplingParams  # noqa: E402
 
@@ -85,9 +85,9 @@ def measure(engine: Engine, n_prompt: int, n_gen: int, reps: int) -> dict:
 
 
 def run(model, threads, rpc, n_prompt, n_gen, reps) -> dict:
-    engine = Engine(model, n_ctx=max(1024, n_prompt + n_gen + 64), n_batch=n_prompt, n_parallel=1,
+    engine = Engine(EngineConfig(model, n_ctx=max(1024, n_prompt + n_gen + 64), n_batch=n_prompt, n_parallel=1,
                     n_threads=threads, n_gpu_layers=99 if rpc else 0, rpc=tuple(rpc),
-                    tensor_split=(1.0,) * len(rpc))
+                    tensor_split=(1.0,) * len(rpc)))
     try:
         return {"config": f"rpc x{len(rpc)}" if rpc else "local", "threads": threads,
                 **measure(engine, n_prompt, n_gen, reps)}

@@ -53,51 +53,29 @@ from ggserve.server.service.service import Service
 from ggserve.server.service.sleep import Sleeper
 from ggserve.server.api.stream_resume import StreamResume, StreamSessions
 from ggserve.server.api.llama.slots import SlotsAPI
+from ggserve.server.engine.config import EngineConfig
 
 log = logging.getLogger("ggserve.server")
 
+
 @dataclass
-class ServerConfig:
-    model: str
+class ServerConfig(EngineConfig):
+    """What `ggserve serve` runs with: the engine's config and what only the HTTP side reads."""
+
     alias: str | None = None
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_parallel: int = 4
-    kv_unified: bool = False                  # -kvu: every slot may use the whole KV cache
-    context_shift: bool = False               # --context-shift
-    cache_type_k: str = "f16"                 # -ctk
-    cache_type_v: str = "f16"                 # -ctv
-    n_threads: int = 0
-    n_threads_batch: int = -1                 # -tb (-1: as n_threads)
-    use_mmap: bool = True                     # -lm: weights mapped from the file, or read into memory
-    mlock: bool = False                       # -lm mlock / mmap+mlock: weights kept in RAM
-    n_gpu_layers: int = 0
-    rpc: tuple[str, ...] = ()                 # --rpc: RPC workers' host:port (remote devices)
-    tensor_split: tuple[float, ...] = ()      # -ts: layer shares of the devices
     api_keys: list[str] = field(default_factory=list)
     metrics: bool = False
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     max_queue: int = 64
-    chat_template_file: str | None = None
-    mmproj: str | None = None
-    image_cache_mb: int = 256
-    max_stall_ms: float = 0.0
-    kernel_parity: bool = True
-    slot_prompt_similarity: float = 0.1       # --slot-prompt-similarity
-    cache_ram_mb: int = 8192                  # --cache-ram: host-RAM prompt cache (0: off, -1: no limit)
     slots_endpoint: bool = True               # GET /slots (--no-slots)
     props_endpoint: bool = False              # POST /props (--props)
     slot_save_path: str | None = None         # POST /slots/{id}?action=save|restore|erase
     media: MediaConfig = field(default_factory=MediaConfig)
     webui: bool = True
-    chat_template: str | None = None          # a built-in template's name (--chat-template)
     reasoning_format: str = "auto"            # none | deepseek | auto
     reasoning_budget: int = -1                # 0: no thinking
     chat_template_kwargs: dict = field(default_factory=dict)
-    embeddings: bool = False                  # --embeddings: /v1/embeddings, /embeddings, /embedding
-    pooling: str | None = None                # --pooling (None: the GGUF's)
     embd_normalize: int = 2                   # --embd-normalize: a request's default
-    spec: object = None                       # server/speculative.SpecConfig (None: none)
     max_body_bytes: int = 64 * 2**20          # --max-body-mb: larger request bodies get 413
     sampling_defaults: dict = field(default_factory=dict)   # --temp, --top-k, ..., --seed: a request's defaults
     ignore_eos: bool = False                  # --ignore-eos: a request's default
@@ -118,23 +96,7 @@ def load_engine(cfg: ServerConfig):
     t0 = time.perf_counter()
     log.info("loading model %s (n_ctx=%d, n_parallel=%d, n_batch=%d, n_gpu_layers=%d)",
              cfg.model, cfg.n_ctx, cfg.n_parallel, cfg.n_batch, cfg.n_gpu_layers)
-    template = None
-    if cfg.chat_template:
-        from ggserve.models.builtin_templates import BUILTIN
-        template = BUILTIN[cfg.chat_template]
-    if cfg.chat_template_file:
-        with open(cfg.chat_template_file, encoding="utf-8") as f:
-            template = f.read()
-    engine = Engine(cfg.model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch,
-                    n_parallel=cfg.n_parallel, n_threads=cfg.n_threads, n_threads_batch=cfg.n_threads_batch,
-                    n_gpu_layers=cfg.n_gpu_layers, chat_template=template,
-                    mmproj=cfg.mmproj, image_cache_mb=cfg.image_cache_mb,
-                    max_stall_ms=cfg.max_stall_ms, kernel_parity=cfg.kernel_parity,
-                    slot_prompt_similarity=cfg.slot_prompt_similarity, cache_ram_mb=cfg.cache_ram_mb,
-                    embeddings=cfg.embeddings, pooling=cfg.pooling, use_mmap=cfg.use_mmap, mlock=cfg.mlock,
-                    rpc=cfg.rpc, tensor_split=cfg.tensor_split, spec=cfg.spec,
-                    kv_unified=cfg.kv_unified, context_shift=cfg.context_shift,
-                    cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
+    engine = Engine(cfg)
     log.info("model %r loaded in %.1f s", engine.model_name, time.perf_counter() - t0)
     report = engine.memory_report()
     if report:

@@ -40,12 +40,12 @@ def case(arch: str, key: str) -> dict:
 def engine(arch: str, **kw):
     """An engine on `arch`'s synth model, set up as llama-server ran it (prompts over
     512 tokens cut into 512-row ubatches), on 2 threads."""
-    from ggserve.server.engine.engine import Engine
+    from ggserve.server.engine.engine import EngineConfig, Engine
 
     kw.setdefault("n_ctx", 4096)
     kw.setdefault("n_batch", 512)
     kw.setdefault("n_parallel", 1)
-    return Engine(model_path(arch), n_threads=2, **kw)
+    return Engine(EngineConfig(model_path(arch), n_threads=2, **kw))
 
 
 def model_path(arch: str) -> str:

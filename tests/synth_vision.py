@@ -7,7 +7,7 @@ import pathlib
 import pytest
 from PIL import Image
 
-from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.engine import EngineConfig, Engine
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 SYNTH = GOLDEN / "synth-vision"
@@ -36,7 +36,7 @@ def _mmproj(family):
 def _engine(family, **kw):
     args = dict(n_ctx=8192, n_batch=512, n_parallel=1, n_threads=2)
     args.update(kw)
-    return Engine(str(SYNTH / "models" / _cfg(family)["text_model"]), mmproj=_mmproj(family), **args)
+    return Engine(EngineConfig(str(SYNTH / "models" / _cfg(family)["text_model"]), mmproj=_mmproj(family), **args))
 
 
 @pytest.fixture(scope="module")

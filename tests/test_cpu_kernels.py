@@ -117,12 +117,12 @@ def test_any_thread_count_gives_ggmls_bits(smollm2_weights, threads, name, m, n_
 def test_an_engine_on_ggmls_kernels_answers_the_same_tokens_and_logprobs(smollm2_path):
     """Four prompts batched, greedy with top-10 logprobs: every float the same."""
     from engine_helpers import generate
-    from ggserve.server.engine.engine import Engine
+    from ggserve.server.engine.engine import EngineConfig, Engine
 
     prompts = {f"p{i}": [1, 504 + i, 2300 + 7 * i, 30 + i] for i in range(4)}
     answers = []
     for own in (True, False):
-        e = Engine(smollm2_path, n_ctx=1024, n_parallel=4, n_threads=2, cpu_kernels=own)
+        e = Engine(EngineConfig(smollm2_path, n_ctx=1024, n_parallel=4, n_threads=2, cpu_kernels=own))
         assert e.backend.cpu_kernels is own
         answers.append({rid: [(ev.token, ev.top_logprobs) for ev in evs]
                         for rid, evs in generate(e, prompts, 12).items()})

@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from ggserve.server.engine.engine import ContextLengthExceeded, Engine, Request
+from ggserve.server.engine.engine import EngineConfig, ContextLengthExceeded, Engine, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 from engine_helpers import GREEDY, generate, tokens
 
@@ -17,7 +17,7 @@ FOUR = {c["key"]: c["prompt_ids"] for c in CASES[:4]}
 def _engine(path, **kw):
     kw.setdefault("n_ctx", 2048)
     kw.setdefault("n_parallel", 4)
-    return Engine(path, n_threads=2, **kw)
+    return Engine(EngineConfig(path, n_threads=2, **kw))
 
 
 @pytest.fixture(scope="module")

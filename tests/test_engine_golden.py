@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.engine import EngineConfig, Engine
 from engine_helpers import generate, max_logprob_deviation
 
 DATA = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())
@@ -23,8 +23,8 @@ CASES = [pytest.param(model, c, id=f"{model}-{c['key']}")
 @pytest.fixture(scope="module")
 def engines(smollm2_path, gemma3_path):
     made = {
-        "smollm2": Engine(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_threads=2),
-        "gemma3": Engine(gemma3_path, n_ctx=2048, n_batch=512, n_parallel=1, n_threads=2),
+        "smollm2": Engine(EngineConfig(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_threads=2)),
+        "gemma3": Engine(EngineConfig(gemma3_path, n_ctx=2048, n_batch=512, n_parallel=1, n_threads=2)),
     }
     yield made
     for e in made.values():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 from engine_helpers import build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
 
@@ -49,8 +49,8 @@ def engines(mmproj_dir, gemma3_path, smollm2_path, smolvlm_text_path):
     made = {}
     for name in CONFIGS:
         cfg = GOLDEN[name]
-        made[name] = Engine(text[cfg["projector"]], n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
-                            mmproj=str(mmproj_dir / cfg["mmproj"]))
+        made[name] = Engine(EngineConfig(text[cfg["projector"]], n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
+                            mmproj=str(mmproj_dir / cfg["mmproj"])))
     yield made
     for e in made.values():
         e.close()
@@ -81,15 +81,15 @@ def test_prompt_tokens_equal_llama_cpp(engines, name, case):
 
 def test_idefics3_refuses_a_text_model_without_image_tokens(mmproj_dir, smollm2_path):
     # llama.cpp answers 400 "Invalid token" here (golden: idefics3_f16_unmodified_smollm2)
-    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2,
-               mmproj=str(mmproj_dir / "mmproj-synth-idefics3-f16.gguf"))
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2,
+               mmproj=str(mmproj_dir / "mmproj-synth-idefics3-f16.gguf")))
     with pytest.raises(ValueError, match="<fake_token_around_image>"):
         build_prompt(e, "<__media__>Describe this image.", [_image("grad_64x64.png")])
     e.close()
 
 
 def test_image_without_mmproj_is_refused(smollm2_path):
-    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=2))
     with pytest.raises(ValueError, match="does not support images"):
         build_prompt(e, "<__media__>Describe this image.", [_image("grad_64x64.png")])
     e.close()
@@ -153,8 +153,8 @@ def test_image_longer_than_the_batch_is_split_across_batches(mmproj_dir, smollm2
     case = _golden("mlp_f16", "grad_64x64.png")
     answers = []
     for n_batch in (1024, 100):       # the image is 576 rows
-        e = Engine(smollm2_path, n_ctx=2048, n_batch=n_batch, n_parallel=1, n_threads=2,
-                   mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"))
+        e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_batch=n_batch, n_parallel=1, n_threads=2,
+                   mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf")))
         prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("grad_64x64.png")])
         answers.append([ev.token for ev in _run(e, prompt, spans, 8)])
         e.close()
@@ -164,8 +164,8 @@ def test_image_longer_than_the_batch_is_split_across_batches(mmproj_dir, smollm2
 def test_gemma3_image_stays_in_one_batch(mmproj_dir, gemma3_path):
     # 256 bidirectional rows must share a batch: with -b 300 the text before the
     # image goes first, then the whole span, never a split span
-    e = Engine(gemma3_path, n_ctx=2048, n_batch=300, n_parallel=1, n_threads=2,
-               mmproj=str(mmproj_dir / "mmproj-synth-gemma3-f16.gguf"))
+    e = Engine(EngineConfig(gemma3_path, n_ctx=2048, n_batch=300, n_parallel=1, n_threads=2,
+               mmproj=str(mmproj_dir / "mmproj-synth-gemma3-f16.gguf")))
     case = _golden("gemma3_f16", "grad_64x64.png")
     prompt, spans = build_prompt(e, "x " * 60 + case["apply_template_prompt"], [_image("grad_64x64.png")])
     seq_chunks = []
@@ -185,8 +185,8 @@ def test_gemma3_image_stays_in_one_batch(mmproj_dir, gemma3_path):
 def test_text_streams_keep_decoding_while_an_image_encodes(engines):
     # slots for 1 image request + 4 text streams, on gemma3_f16's files
     e = engines["gemma3_f16"]
-    eng = Engine(e.model_path, n_ctx=4096, n_batch=512, n_parallel=5, n_threads=2,
-                 mmproj=e.vision.path)
+    eng = Engine(EngineConfig(e.model_path, n_ctx=4096, n_batch=512, n_parallel=5, n_threads=2,
+                 mmproj=e.vision.path))
     texts = {f"t{i}": eng.tokenizer.encode(p, add_special=True) for i, p in
              enumerate(["The capital of France is", "Once upon a time", "1, 2, 3,", "def fib(n):"])}
     solo = {}
@@ -240,8 +240,8 @@ def test_a_tile_encodes_in_the_background_while_other_rows_run(engines):
     # the step that reaches an unencoded tile computes the text before it and
     # returns; the tile encodes on the vision worker and joins a later step
     loaded = engines["mlp_f16"]
-    e = Engine(loaded.model_path, n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
-               mmproj=loaded.vision.path)           # an empty image store
+    e = Engine(EngineConfig(loaded.model_path, n_ctx=4096, n_batch=512, n_parallel=1, n_threads=2,
+               mmproj=loaded.vision.path))           # an empty image store
     case = _golden("mlp_f16", "rgba_160x120.png")
     prompt, spans = build_prompt(e, case["apply_template_prompt"], [_image("rgba_160x120.png")])
     encoded = e.stats()["images_encoded"]
@@ -269,7 +269,7 @@ def test_a_tile_that_fails_to_encode_ends_only_its_request(mmproj_dir, smollm2_p
     bad = "rgba_160x120.png"
 
     def engine():
-        return Engine(smollm2_path, n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2, mmproj=mmproj)
+        return Engine(EngineConfig(smollm2_path, n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2, mmproj=mmproj))
 
     def request(e, name):
         prompt, spans = build_prompt(e, _golden("mlp_f16", name)["apply_template_prompt"], [_image(name)])

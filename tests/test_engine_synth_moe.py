@@ -14,7 +14,7 @@ from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.engine import EngineConfig, Engine
 from ggserve.server.engine.memory.kv_cache import KVCache
 from ggserve.server.engine.loader import LoadedModel
 from engine_helpers import generate, max_logprob_deviation, tokens
@@ -154,7 +154,7 @@ def test_a_wrong_expert_count_names_the_file_and_tensor(tmp_path):
     w.close()
     with pytest.raises(ModelError, match=r"sixteen_experts.gguf: tensor 'blk.0.ffn_gate_inp.weight' holds 8 "
                                          r"experts, the metadata says expert_count = 16"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))
 
 
 def test_chunked_attention_mask_sees_only_the_tokens_own_chunk():

@@ -22,7 +22,7 @@ from PIL import Image
 
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from engine_helpers import GREEDY, build_prompt, turn_starts
 
 HERE = pathlib.Path(__file__).parent
@@ -91,7 +91,7 @@ def test_weights_are_copied_to_the_gpu_byte_for_byte(smollm2_path):
 
 @pytest.fixture(scope="module")
 def offloaded(smollm2_path):
-    e = Engine(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_gpu_layers=99)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_gpu_layers=99))
     yield e
     e.close()
 
@@ -130,7 +130,7 @@ def _last_logits(engine, ids):
 @pytest.mark.parametrize("ids", PROMPTS, ids=["1", "6", "40"])
 def test_an_offloaded_model_decides_as_on_the_cpu(smollm2_path, offloaded, ids):
     # measured on an H100: max |logit difference| 1.03 / 1.83 / 0.65, same argmax
-    cpu = Engine(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_threads=2)
+    cpu = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_threads=2))
     try:
         a, b = _last_logits(cpu, ids), _last_logits(offloaded, ids)
     finally:
@@ -142,8 +142,8 @@ def test_an_offloaded_model_decides_as_on_the_cpu(smollm2_path, offloaded, ids):
 def test_an_image_is_encoded_and_kept_on_the_gpu(mmproj_dir, smollm2_path):
     golden = json.loads((HERE / "data" / "multimodal.json").read_text())["configs"]["mlp_f16"]
     case = next(r for r in golden["results"] if r["image"] == "grad_64x64.png")
-    e = Engine(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_gpu_layers=99,
-               mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"))
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=1, n_gpu_layers=99,
+               mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf")))
     try:
         path = HERE / "data" / "vision" / "grad_64x64.png"
         image = (hashlib.sha256(path.read_bytes()).hexdigest(), Image.open(path))

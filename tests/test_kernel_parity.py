@@ -6,7 +6,7 @@ import pathlib
 
 import numpy as np
 
-from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.engine import EngineConfig, Engine
 from ggserve.server.engine.kernel_parity import FA_TILED_MIN_ROWS, KernelParity
 from engine_helpers import generate, max_logprob_deviation, tokens
 
@@ -35,7 +35,7 @@ def test_on_rows_of_a_long_ubatch_get_a_tiled_call_each_sequence():
 
 def test_off_the_engine_still_gives_llama_cpps_answers_batched(smollm2_path):
     cases = GOLDEN[:4]
-    e = Engine(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=4, n_threads=2, kernel_parity=False)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_batch=512, n_parallel=4, n_threads=2, kernel_parity=False))
     events = generate(e, {c["key"]: c["prompt_ids"] for c in cases}, 16)
     e.close()
     for c in cases:

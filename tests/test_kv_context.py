@@ -9,7 +9,7 @@ import pytest
 
 from engine_helpers import GREEDY, generate_requests, tokens
 from ggserve.server.cli.main import config_from_args, serve_parser
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.memory.model_memory import context_sizes
 
 DATA = pathlib.Path(__file__).parent / "data" / "kv_cache"
@@ -45,7 +45,7 @@ def test_a_quantized_kv_cache_answers_as_llama_server(smollm2_path, kv_type):
     """-ctk/-ctv q8_0 or q4_0: K and V Hadamard-rotated before they are quantized, as
     llama.cpp 11434 does; greedy tokens equal llama-server's on the golden prompts."""
     ref = json.loads((DATA / f"{kv_type}.json").read_text())
-    e = Engine(smollm2_path, n_ctx=4096, n_parallel=1, n_threads=2, cache_type_k=kv_type, cache_type_v=kv_type)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=4096, n_parallel=1, n_threads=2, cache_type_k=kv_type, cache_type_v=kv_type))
     try:
         for case in ref["cases"][:4]:
             gold = case["generated_ids"]
@@ -65,7 +65,7 @@ def test_context_shift_goes_past_the_context_as_llama_server(smollm2_path):
     """-c 256 --context-shift, 400 tokens from a 26-token prompt: llama-server drops the
     oldest half of what follows n_keep each time the context is full; the tokens equal."""
     ref = json.loads((DATA / "context_shift.json").read_text())
-    e = Engine(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2, context_shift=True)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2, context_shift=True))
     try:
         events = generate_requests(e, [Request("s", ref["prompt_ids"], GREEDY, max_tokens=ref["n_predict"],
                                                ignore_eos=True)])["s"]
@@ -80,7 +80,7 @@ def test_without_context_shift_a_generation_stops_at_the_context(smollm2_path):
     # a 250-token prompt in a 256-token context: 6 tokens, then "length" (llama-server's
     # n_past + 1 >= n_ctx stop), however many were asked for
     prompt = (json.loads((DATA / "context_shift.json").read_text())["prompt_ids"] * 10)[:250]
-    e = Engine(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2))
     try:
         events = generate_requests(e, [Request("s", prompt, GREEDY, max_tokens=400, ignore_eos=True)])["s"]
         assert len(tokens(events)) == 6
@@ -121,7 +121,7 @@ KEEP = json.loads((DATA / "context_shift_keep.json").read_text())
 def test_context_shift_keeps_n_keep_tokens_as_llama_server(smollm2_path, case, n_keep):
     """--keep / n_keep: the first n_keep tokens stay through every shift (llama-server's --keep 8,
     and a request's n_keep 100); the tokens equal its recorded answers."""
-    e = Engine(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2, context_shift=True)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, n_threads=2, context_shift=True))
     try:
         events = generate_requests(e, [Request("s", KEEP["prompt_ids"], GREEDY, max_tokens=KEEP["n_predict"],
                                                ignore_eos=True, n_keep=n_keep)])["s"]

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from ggserve.server.cli.main import config_from_args, serve_parser
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 
 
@@ -40,8 +40,8 @@ def _greedy(engine, n=12):
 
 def test_weights_read_into_memory_and_locked_answer_as_llama_cpp(smollm2_path):
     # llama.cpp's greedy tokens for the golden prompt (tests/data/completions.json), mapped or read
-    mapped = Engine(smollm2_path, n_ctx=256, n_parallel=1)
-    read = Engine(smollm2_path, n_ctx=256, n_parallel=1, use_mmap=False, mlock=True)
+    mapped = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1))
+    read = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, use_mmap=False, mlock=True))
     try:
         assert _greedy(read) == _greedy(mapped) == GOLDEN["generated_ids"][:12]
         # no CPU weight buffer of the read model points into a file mapping
@@ -59,7 +59,7 @@ def _locked_kib() -> int:
 
 def test_mlock_keeps_the_weights_in_ram_or_says_why_not(smollm2_path, caplog):
     before = _locked_kib()
-    engine = Engine(smollm2_path, n_ctx=256, n_parallel=1, mlock=True)
+    engine = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, mlock=True))
     try:
         weights_kib = sum(b.nbytes for b in engine.loaded.weights.values()) // 1024
         refused = [r for r in caplog.records if "--mlock" in r.getMessage()]

@@ -5,20 +5,20 @@ import pytest
 
 from ggserve.models.registry import ModelError
 from ggserve.native.gguf_file import GGUFError
-from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.engine import EngineConfig, Engine
 
 
 def test_missing_file(tmp_path):
     path = tmp_path / "nope.gguf"
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))
 
 
 def test_not_a_gguf_file(tmp_path):
     path = tmp_path / "text.gguf"
     path.write_text("hello, I am not a model\n" * 10)
     with pytest.raises(GGUFError, match="text.gguf.*not a GGUF file"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))
 
 
 def test_truncated_gguf(tmp_path, smollm2_path):
@@ -26,7 +26,7 @@ def test_truncated_gguf(tmp_path, smollm2_path):
     with open(smollm2_path, "rb") as src, open(path, "wb") as dst:
         dst.write(src.read(20_000_000))
     with pytest.raises(GGUFError, match="truncated.gguf.*truncated"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))
 
 
 def test_header_cut_short(tmp_path, smollm2_path):
@@ -34,7 +34,7 @@ def test_header_cut_short(tmp_path, smollm2_path):
     with open(smollm2_path, "rb") as src, open(path, "wb") as dst:
         dst.write(src.read(1000))
     with pytest.raises(GGUFError, match="header.gguf"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))
 
 
 def test_unknown_architecture(tmp_path):
@@ -49,7 +49,7 @@ def test_unknown_architecture(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelError, match="mamba.gguf.*unsupported architecture 'mamba'"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))
 
 
 def test_missing_tensor_is_named(tmp_path, smollm2_path):
@@ -78,4 +78,4 @@ def test_missing_tensor_is_named(tmp_path, smollm2_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelError, match="no_ffn.gguf.*missing tensor 'blk.0.attn_norm.weight'"):
-        Engine(str(path))
+        Engine(EngineConfig(str(path)))

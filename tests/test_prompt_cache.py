@@ -9,7 +9,7 @@ import pytest
 
 from engine_helpers import GREEDY, generate, tokens
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.memory.host_cache import HostCache
 from ggserve.server.engine.memory.snapshot import Snapshot
 from server_harness import RunningServer
@@ -20,7 +20,7 @@ SYSTEM = ("You are a helpful assistant who answers questions about colours, anim
 
 @pytest.fixture(scope="module")
 def engine_1slot(smollm2_path):
-    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64))
     yield e
     e.close()
 
@@ -33,7 +33,7 @@ def _turn(engine, rid, prompt, n=8):
 # -- slot choice ---------------------------------------------------------------------
 
 def test_a_user_sharing_only_the_system_prompt_takes_another_slot(smollm2_path):
-    e = Engine(smollm2_path, n_ctx=2048, n_parallel=4, n_threads=1, cache_ram_mb=0)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=4, n_threads=1, cache_ram_mb=0))
     try:
         sys_ids = e.tokenizer.encode(SYSTEM)
         a = sys_ids + e.tokenizer.encode(" Alice asks: what colour is the sky?")
@@ -52,8 +52,8 @@ def test_a_user_sharing_only_the_system_prompt_takes_another_slot(smollm2_path):
 
 
 def test_similarity_zero_takes_the_least_recently_used_slot(smollm2_path):
-    e = Engine(smollm2_path, n_ctx=2048, n_parallel=2, n_threads=1, cache_ram_mb=0,
-               slot_prompt_similarity=0.0)
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=2, n_threads=1, cache_ram_mb=0,
+               slot_prompt_similarity=0.0))
     try:
         a = e.tokenizer.encode(SYSTEM + " One.")
         _turn(e, "a", a, 2)
@@ -165,8 +165,8 @@ def test_an_image_prompt_evicted_to_host_ram_comes_back_without_recomputing_the_
 
     from engine_helpers import build_prompt, generate_requests
 
-    e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64,
-               mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"))
+    e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64,
+               mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf")))
     try:
         path = pathlib.Path(__file__).parent / "data" / "vision" / "grad_64x64.png"
         image = (hashlib.sha256(path.read_bytes()).hexdigest(), Image.open(path))
@@ -194,7 +194,7 @@ def test_a_hybrid_models_conversation_comes_back_from_host_ram_with_its_recurren
     from engine_helpers import generate_requests
     from synth_golden import model_path
 
-    e = Engine(model_path("qwen35"), n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64)
+    e = Engine(EngineConfig(model_path("qwen35"), n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=64))
     try:
         def ask(rid, messages, n):
             p = PromptBuilder.for_engine(e).chat(messages)

@@ -9,7 +9,7 @@ from ggserve.models.registry import ModelError, model_class
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native.gguf_file import GGUFFile, TensorInfo
 from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.chat.prompts import PromptBuilder
 from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
 from server_harness import RunningServer
@@ -49,7 +49,7 @@ def _assert_same_as_llama_cpp(events, golden: dict) -> None:
 
 @pytest.fixture(scope="module")
 def engine():
-    e = Engine(model_path(ARCH), n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2)
+    e = Engine(EngineConfig(model_path(ARCH), n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2))
     yield e
     e.close()
 
@@ -108,7 +108,7 @@ def test_four_prompts_batched_equal_each_alone(engine):
 
 def test_prompt_fed_in_chunks_equals_it_fed_whole():
     prompt = CASES["long_prose"]["prompt_ids"]                # 610 tokens in chunks of 64 (the last 34)
-    chunked = Engine(model_path(ARCH), n_ctx=4096, n_batch=64, n_parallel=1, n_threads=2)
+    chunked = Engine(EngineConfig(model_path(ARCH), n_ctx=4096, n_batch=64, n_parallel=1, n_threads=2))
     try:
         events = generate(chunked, {"r": prompt}, 48)["r"]
     finally:

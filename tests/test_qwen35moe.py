@@ -13,7 +13,7 @@ import pytest
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer.tokenizer import Tokenizer
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine.engine import Engine
+from ggserve.server.engine.engine import EngineConfig, Engine
 from ggserve.server.app import ServerConfig, create_app
 from engine_helpers import generate, max_logprob_deviation, tokens
 from server_harness import RunningServer
@@ -42,7 +42,7 @@ def model_file(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(model_file):
-    e = Engine(model_file, n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2)
+    e = Engine(EngineConfig(model_file, n_ctx=4096, n_batch=512, n_parallel=4, n_threads=2))
     yield e
     e.close()
 
@@ -106,7 +106,7 @@ def _assert_same_as_llama_cpp(events, golden: dict) -> None:
 
 def test_prompt_fed_in_chunks_equals_llama_cpp(model_file):
     prose = CASES["long_prose"]                                # 610 tokens in chunks of 64: the delta
-    chunked = Engine(model_file, n_ctx=4096, n_batch=64, n_parallel=1, n_threads=2)   # net's state
+    chunked = Engine(EngineConfig(model_file, n_ctx=4096, n_batch=64, n_parallel=1, n_threads=2))   # net's state
     try:                                                       # carries across chunks
         events = generate(chunked, {"r": prose["prompt_ids"]}, 24)["r"]
     finally:

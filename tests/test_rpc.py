@@ -197,7 +197,7 @@ LLAMA_RPC_SERVER = os.environ.get("GGSERVE_LLAMA_RPC_SERVER")     # llama.cpp's 
 @pytest.mark.skipif(not LLAMA_RPC_SERVER, reason="GGSERVE_LLAMA_RPC_SERVER (llama.cpp's rpc-server binary) not set")
 def test_llama_cpp_rpc_servers_answer_as_local(smollm2_path, tmp_path):
     """Interoperability: workers that are llama.cpp's own rpc-server (same ggml, build 11434)."""
-    from ggserve.server.engine.engine import Engine
+    from ggserve.server.engine.engine import EngineConfig, Engine
     from engine_helpers import generate
 
     eps = [f"127.0.0.1:{free_port()}" for _ in range(2)]
@@ -208,7 +208,7 @@ def test_llama_cpp_rpc_servers_answer_as_local(smollm2_path, tmp_path):
             wait_for(lambda: ggml.rpc_hello(ep), f"llama.cpp rpc-server {ep}", p, 60)
         runs = {}
         for name, kw in (("local", {}), ("rpc", {"rpc": tuple(eps), "n_gpu_layers": 99, "tensor_split": (1, 1)})):
-            e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, **kw)
+            e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1, **kw))
             runs[name] = [[(ev.token, ev.top_logprobs) for ev in generate(e, {"r": CASES[k]["prompt_ids"]},
                                                                              len(CASES[k]["generated_ids"]))["r"]]
                           for k in DEFAULT_KEYS]
@@ -237,8 +237,8 @@ def test_image_prompt_over_workers_answers_as_local(smollm2_path, mmproj_dir, tm
     try:
         for name, kw in (("local", {}), ("rpc", {"rpc": tuple(w.endpoints), "n_gpu_layers": 99,
                                                  "tensor_split": (1, 1)})):
-            e = Engine(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1,
-                       mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"), **kw)
+            e = Engine(EngineConfig(smollm2_path, n_ctx=2048, n_parallel=1, n_threads=1,
+                       mmproj=str(mmproj_dir / "mmproj-synth-mlp-f16.gguf"), **kw))
             prompt, spans = build_prompt(e, text, [image])
             events = generate_requests(e, [Request("r", prompt, GREEDY, max_tokens=12, ignore_eos=True,
                                                    images=spans)])["r"]

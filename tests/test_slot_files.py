@@ -175,12 +175,12 @@ def test_load_refuses_a_newer_format_version(tmp_path, saved):
 
 def test_a_hybrid_models_slot_file_brings_back_its_recurrent_state(tmp_path):
     from ggserve.server.engine.memory import snapshot as memory_snapshot
-    from ggserve.server.engine.engine import Engine, Request
+    from ggserve.server.engine.engine import EngineConfig, Engine, Request
     from ggserve.server.chat.prompts import PromptBuilder
     from engine_helpers import GREEDY, generate_requests, tokens
     from synth_golden import model_path
 
-    e = Engine(model_path("qwen35"), n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=0)
+    e = Engine(EngineConfig(model_path("qwen35"), n_ctx=2048, n_parallel=1, n_threads=1, cache_ram_mb=0))
     try:
         def ask(rid, messages):
             p = PromptBuilder.for_engine(e).chat(messages)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import generate, generate_requests, tokens
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 from ggserve.server.engine.sequence import Sequence
 from ggserve.server.engine.speculative.speculator import SpecConfig, draft_length, lookup, simple_draft
@@ -34,7 +34,7 @@ NGRAM = SpecConfig(type="ngram", adaptive=False)
 
 def _engine(path, spec=None, **kw):
     kw.setdefault("n_parallel", 4)
-    return Engine(path, n_ctx=4096, n_batch=512, n_threads=2, spec=spec, **kw)
+    return Engine(EngineConfig(path, n_ctx=4096, n_batch=512, n_threads=2, spec=spec, **kw))
 
 
 # -- drafting ------------------------------------------------------------------------
@@ -111,8 +111,8 @@ def test_rejected_drafts_leave_no_cells(smollm2_path):
 def test_hybrid_models_refuse_a_draft_model_and_run_without_ngram_drafts():
     path = model_path("qwen35")
     with pytest.raises(ValueError, match="recurrent"):
-        Engine(path, n_ctx=512, n_parallel=1, n_threads=2, spec=SpecConfig(type="draft-simple", model_draft=path, adaptive=False))
-    e = Engine(path, n_ctx=512, n_parallel=1, n_threads=2, spec=NGRAM)
+        Engine(EngineConfig(path, n_ctx=512, n_parallel=1, n_threads=2, spec=SpecConfig(type="draft-simple", model_draft=path, adaptive=False)))
+    e = Engine(EngineConfig(path, n_ctx=512, n_parallel=1, n_threads=2, spec=NGRAM))
     assert not e.spec.on
     e.close()
 

@@ -3,7 +3,7 @@ import os
 
 from ggserve.server.cli.main import config_from_args, serve_parser
 from ggserve.server.engine.cpu_topology import default_threads, physical_cores
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 
 
@@ -35,7 +35,7 @@ def test_a_thread_count_given_is_kept():
 
 def test_serve_gives_ggml_one_thread_per_physical_core_by_default(smollm2_path):
     cfg = config_from_args(serve_parser().parse_args(["-m", smollm2_path]))
-    engine = Engine(smollm2_path, n_ctx=256, n_parallel=1, n_threads=cfg.n_threads)
+    engine = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, n_threads=cfg.n_threads))
     try:
         assert engine.n_threads == physical_cores()
     finally:
@@ -50,7 +50,7 @@ def test_threads_batch_is_a_llama_server_flag(smollm2_path):
 
 def test_a_prompt_step_runs_on_tb_threads_and_a_lone_decode_row_on_t(smollm2_path):
     # llama.cpp: a ubatch of one token computes with -t threads, a larger one with -tb
-    engine = Engine(smollm2_path, n_ctx=256, n_parallel=1, n_threads=1, n_threads_batch=2)
+    engine = Engine(EngineConfig(smollm2_path, n_ctx=256, n_parallel=1, n_threads=1, n_threads_batch=2))
     used = []
     engine.runner.backend = _Recording(engine.runner.backend, used)
     try:

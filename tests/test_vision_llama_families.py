@@ -15,7 +15,7 @@ from PIL import Image
 
 from engine_helpers import GREEDY, build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
 from ggserve.models.registry import ModelError
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from synth_vision import CONFIGS, GOLDEN, LOGPROB_TOL, SYNTH, TWO, _cfg, _engine, _image, _mmproj, engines  # noqa: F401
 
 FAMILIES = ["pixtral", "mistral3", "mlp_anyres", "minicpmv"]
@@ -145,5 +145,5 @@ def test_a_2048_image_fits_the_memory_reserved_at_load(engines, family):
 def test_wrong_pairs_are_refused_naming_both_files(smollm2_path):
     # SmolLM2-135M has n_embd 576; the projectors here give 128
     with pytest.raises(ModelError) as err:
-        Engine(smollm2_path, n_ctx=512, n_parallel=1, n_threads=2, mmproj=_mmproj("pixtral"))
+        Engine(EngineConfig(smollm2_path, n_ctx=512, n_parallel=1, n_threads=2, mmproj=_mmproj("pixtral")))
     assert smollm2_path in str(err.value) and _mmproj("pixtral") in str(err.value)

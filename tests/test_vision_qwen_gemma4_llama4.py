@@ -20,7 +20,7 @@ from engine_helpers import GREEDY, generate_requests, max_logprob_deviation, tok
 from ggserve.models.registry import ModelError
 from ggserve.models.vision.arrange import TileSpan, mrope_positions
 from ggserve.native import ggml
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.memory.kv_cache import KVCache
 from ggserve.models.memory import LayerKV
 from ggserve.server.chat.prompts import PromptBuilder
@@ -187,7 +187,7 @@ def test_wrong_pairs_are_refused_naming_both_files(family):
     text = str(SYNTH / "models" / ("synth-qwen2vl.gguf" if family in ("gemma4v", "llama4")
                                    else "synth-llama-smolvocab.gguf"))
     with pytest.raises(ModelError) as err:
-        Engine(text, n_ctx=512, n_parallel=1, n_threads=2, mmproj=_mmproj(family))
+        Engine(EngineConfig(text, n_ctx=512, n_parallel=1, n_threads=2, mmproj=_mmproj(family)))
     assert text in str(err.value) and _mmproj(family) in str(err.value)
 
 

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ggserve.server.default_model import default_model
-from ggserve.server.engine.engine import Engine, Request
+from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 
 
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(prompts) == 1 and args.parallel > 1:
         prompts = prompts * args.parallel
     n_parallel = max(args.parallel, len(prompts), 1)
-    engine = Engine(args.model or default_model_path(), n_ctx=args.ctx_size, n_batch=args.batch_size,
-                    n_parallel=n_parallel, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers)
+    engine = Engine(EngineConfig(args.model or default_model_path(), n_ctx=args.ctx_size, n_batch=args.batch_size,
+                    n_parallel=n_parallel, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers))
     try:
         from ggserve.models.tokenizer import StreamDecoder
 

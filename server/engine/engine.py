@@ -23,6 +23,7 @@ import numpy as np
 
 from ggserve.native import ggml
 from ggserve.server.engine.batch import assemble
+from ggserve.server.engine.config import EngineConfig
 from ggserve.server.engine.context_shift import shift as shift_context, supported as context_shift_supported
 from ggserve.server.engine.graph_runner import GraphRunner
 from ggserve.server.engine.images.encoder import BACKGROUND_THREADS, ImageEncoder
@@ -41,65 +42,59 @@ from ggserve.server.engine.scheduler import Scheduler, StepPlan
 from ggserve.server.engine.sequence import Request, Sequence, TokenEvent, progress_event
 from ggserve.server.engine.speculative.speculator import SpecConfig, Speculator
 
-__all__ = ["Engine", "Request", "TokenEvent", "ContextLengthExceeded", "SamplingParams"]
+__all__ = ["Engine", "EngineConfig", "Request", "TokenEvent", "ContextLengthExceeded", "SamplingParams"]
 
 log = logging.getLogger("ggserve.engine")
 
 
 class Engine:
-    def __init__(self, model_path: str, *, n_ctx: int = 4096, n_batch: int = 512,
-                 n_parallel: int = 4, n_threads: int = 0, n_threads_batch: int = 0, n_gpu_layers: int = 0,
-                 cache_type_k: str = "f16", cache_type_v: str = "f16",
-                 chat_template: str | None = None, mmproj: str | None = None,
-                 image_cache_mb: int = 256, max_stall_ms: float = 0.0, kernel_parity: bool = True,
-                 slot_prompt_similarity: float = 0.1, cache_ram_mb: int = 8192,
-                 embeddings: bool = False, pooling: str | None = None, use_mmap: bool = True, mlock: bool = False,
-                 rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
-                 spec: SpecConfig | None = None, kv_unified: bool = False, context_shift: bool = False,
-                 cpu_kernels: bool = True):
+    def __init__(self, cfg: EngineConfig):
         t0 = time.perf_counter()
-        if not 1 <= n_parallel <= MAX_SEQS:
+        if not 1 <= cfg.n_parallel <= MAX_SEQS:
             raise ValueError(f"n_parallel must be in 1..{MAX_SEQS}")
-        if n_batch < 1:
+        if cfg.n_batch < 1:
             raise ValueError("n_batch must be >= 1")
-        self.n_parallel, self.n_batch = n_parallel, n_batch
-        self.loaded = LoadedModel(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_parallel=n_parallel,
-                                  chat_template=chat_template, mmproj=mmproj, rpc=rpc, tensor_split=tensor_split,
-                                  use_mmap=use_mmap, mlock=mlock, cpu_kernels=cpu_kernels)
+        self.cfg = cfg
+        n_parallel, n_batch = self.n_parallel, self.n_batch = cfg.n_parallel, cfg.n_batch
+        self.loaded = LoadedModel(cfg.model, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
+                                  n_parallel=n_parallel, chat_template=cfg.template_source(), mmproj=cfg.mmproj,
+                                  rpc=cfg.rpc, tensor_split=cfg.tensor_split, use_mmap=cfg.use_mmap,
+                                  mlock=cfg.mlock, cpu_kernels=cfg.cpu_kernels)
         lm = self.loaded
         # KV cells and each slot's context, as llama.cpp sizes them (n_ctx 0: the model's)
         self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
-        self.kv_size, self.n_ctx = context_sizes(n_ctx, n_parallel, kv_unified, self.n_ctx_train)
+        self.kv_size, self.n_ctx = context_sizes(cfg.n_ctx, n_parallel, cfg.kv_unified, self.n_ctx_train)
         self.model_path, self.model_name = lm.path, lm.name
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
         self.n_threads = self.backend.n_threads       # -t: a step of one row; -tb (0: as -t): larger steps
-        self.n_threads_batch = n_threads_batch if n_threads_batch > 0 else self.n_threads
+        self.n_threads_batch = cfg.n_threads_batch if cfg.n_threads_batch > 0 else self.n_threads
         self.n_pos = getattr(self.model, "n_pos", 1)
         self.memory = Memory(self.backend, self.model.memory_layers(lm.device_of_layer), kv_size=self.kv_size,
-                             n_seqs=n_parallel, type_k=ggml.type_by_name(cache_type_k),
-                             type_v=ggml.type_by_name(cache_type_v), n_pos=self.n_pos)
+                             n_seqs=n_parallel, type_k=ggml.type_by_name(cfg.cache_type_k),
+                             type_v=ggml.type_by_name(cfg.cache_type_v), n_pos=self.n_pos)
         self.kv = self.memory.kv
-        self.context_shift = context_shift and context_shift_supported(self.model, self.memory, self.vision)
-        if context_shift and not self.context_shift:
+        self.context_shift = cfg.context_shift and context_shift_supported(self.model, self.memory, self.vision)
+        if cfg.context_shift and not self.context_shift:
             log.warning("context shift is not supported by this model (or with a projector): disabled")
         self.n_bos = 1 if self.tokenizer.vocab.add_bos else 0       # a context shift keeps it (llama-server)
-        self.parity = KernelParity(kernel_parity, lm.kernel_of,
+        self.parity = KernelParity(cfg.kernel_parity, lm.kernel_of,
                                    self.kv.has_swa or self.memory.recurrent is not None)
         self.encoder = ImageEncoder(self.vision, lm.device_of_layer(0), self.n_threads) if self.vision else None
-        self.images = ImageStore(image_cache_mb * 2**20)
-        self.scheduler = Scheduler(n_parallel, n_batch, max_stall_ms / 1000)
-        self.slots = PrefixCache(n_parallel, self.memory, slot_prompt_similarity,
-                                 HostCache(cache_ram_mb * 2**20 if cache_ram_mb > 0 else 2**62) if cache_ram_mb else None)
+        self.images = ImageStore(cfg.image_cache_mb * 2**20)
+        self.scheduler = Scheduler(n_parallel, n_batch, cfg.max_stall_ms / 1000)
+        ram = cfg.cache_ram_mb
+        self.slots = PrefixCache(n_parallel, self.memory, cfg.slot_prompt_similarity,
+                                 HostCache(ram * 2**20 if ram > 0 else 2**62) if ram else None)
         self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos)
         # embeddings (--embeddings): the pooling, the GGUF's unless given (server/engine/pooling.py)
-        self.pooling = (pooling or from_gguf(lm.gguf.metadata)) if embeddings else None
+        self.pooling = (cfg.pooling or from_gguf(lm.gguf.metadata)) if cfg.embeddings else None
         if self.pooling == "rank" and any(n.startswith("cls") for n in lm.gguf.tensors):
             raise ValueError("this model has a classification head (cls.* tensors), which ggserve's "
                              "reranking does not apply: it scores causal models by their last hidden state")
-        self.runner.reserve(n_batch, n_parallel, embeddings=embeddings)
+        self.runner.reserve(n_batch, n_parallel, embeddings=cfg.embeddings)
         if self.vision is not None:
             self.vision.reserve()
-        self.spec = Speculator.build(spec or SpecConfig(type="none"), self.memory, self.tokenizer,
+        self.spec = Speculator.build(cfg.spec or SpecConfig(type="none"), self.memory, self.tokenizer,
                                      n_ctx=self.kv_size, n_batch=n_batch, n_parallel=n_parallel, n_threads=self.n_threads)
         self.load_seconds = time.perf_counter() - t0
         self.last_step_seconds = 0.0
