@@ -19,6 +19,8 @@ import math
 import numpy as np
 
 from ggserve.native import ggml
+from ggserve.models import blocks
+from ggserve.models.decoder import AFTER_NORM, Decoder
 from ggserve.models.hparams import HParams
 from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError, register
@@ -32,29 +34,11 @@ def _per_layer(value, n_layer: int) -> list[int]:
     return [int(value)] * n_layer
 
 
-class Layer:
-    def __init__(self, w: Weights, i: int, n_embd: int, head_dim: int, n_head: int, n_head_kv: int, n_ff: int):
-        p = f"blk.{i}."
-        n_q, n_kv = head_dim * n_head, head_dim * n_head_kv
-        self.attn_norm = w.get(p + "attn_norm.weight", (n_embd,))
-        self.wq = w.get(p + "attn_q.weight", (n_embd, n_q))
-        self.wk = w.get(p + "attn_k.weight", (n_embd, n_kv))
-        self.wv = w.get(p + "attn_v.weight", (n_embd, n_kv), required=False)   # absent: V = K
-        self.q_norm = w.get(p + "attn_q_norm.weight", (head_dim,))
-        self.k_norm = w.get(p + "attn_k_norm.weight", (head_dim,))
-        self.wo = w.get(p + "attn_output.weight", (n_q, n_embd))
-        self.attn_post_norm = w.get(p + "post_attention_norm.weight", (n_embd,))
-        self.ffn_norm = w.get(p + "ffn_norm.weight", (n_embd,))
-        self.ffn_gate = w.get(p + "ffn_gate.weight", (n_embd, n_ff))
-        self.ffn_up = w.get(p + "ffn_up.weight", (n_embd, n_ff))
-        self.ffn_down = w.get(p + "ffn_down.weight", (n_ff, n_embd))
-        self.ffn_post_norm = w.get(p + "post_ffw_norm.weight", (n_embd,))
-        self.out_scale = w.get(p + "layer_output_scale.weight", (1,), required=False)
-
-
 @register("gemma4")
-class Gemma4Model:
+class Gemma4Model(Decoder):
     rope_type = ggml.ROPE_NEOX
+    pick_rows = AFTER_NORM
+    kq_scale = 1.0
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
@@ -79,6 +63,7 @@ class Gemma4Model:
         self.rope_base = [hp.get("rope.freq_base_swa", 10000.0) if s else hp.get("rope.freq_base", 10000.0)
                           for s in self.swa]
         self.n_ctx_orig = hp.get("context_length", 0)
+        self.embd_scale = math.sqrt(self.n_embd)
         self.softcap = hp.get("final_logit_softcapping", 0.0)
         for key in ("embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count"):
             if hp.get(key, 0):
@@ -90,43 +75,34 @@ class Gemma4Model:
         w = Weights(tensors, path)
         w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", (full_dim // 2,), required=not all(self.swa))
-        self.layers = [Layer(w, i, self.n_embd, self.head_dim[i], self.n_head[i], self.n_head_kv[i], self.n_ff[i])
+        self.layers = [blocks.Layer(w, i, blocks.attention_weights(self, qk_norm=True, v_required=False, head_dim=self.head_dim[i],
+                                                               n_head=self.n_head[i], n_head_kv=self.n_head_kv[i]),
+                                    blocks.ffn_weights(self, self.n_ff[i]), blocks.post_norm_weights(self),
+                                    [("out_scale", "layer_output_scale.weight", (1,), False)])
                        for i in range(n)]
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
         return [LayerKV(self.head_dim[i] * self.n_head_kv[i], self.head_dim[i] * self.n_head_kv[i],
                         device_of_layer(i), self.window if self.swa[i] else 0) for i in range(self.n_layer)]
 
-    def forward(self, g, inp):
-        """-> logits [n_vocab, n_outputs]."""
-        n_tokens = inp.n_tokens
-        x = inp.embed(g, self.tok_embd, math.sqrt(self.n_embd))                  # [n_embd, n_tokens]
-        for il, L in enumerate(self.layers):
-            d, n_head, n_head_kv = self.head_dim[il], self.n_head[il], self.n_head_kv[il]
-            factors = None if self.swa[il] else self.rope_freqs
-            h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
-            q = g.reshape(inp.mm(g, L.wq, h), d, n_head, n_tokens)
-            q = self._rope(g, il, g.mul(g.rms_norm(q, self.eps), L.q_norm), inp.positions, factors)
-            k = inp.mm(g, L.wk, h)
-            v = inp.mm(g, L.wv, h) if L.wv is not None else k
-            k = g.reshape(k, d, n_head_kv, n_tokens)
-            v = g.rms_norm(g.reshape(v, d, n_head_kv, n_tokens), self.eps)
-            k = self._rope(g, il, g.mul(g.rms_norm(k, self.eps), L.k_norm), inp.positions, factors)
-            a = inp.mm(g, L.wo, inp.kv.attention(g, il, q, k, v, 1.0))
-            x = g.add(g.mul(g.rms_norm(a, self.eps), L.attn_post_norm), x)
-            h = g.mul(g.rms_norm(x, self.eps), L.ffn_norm)
-            h = inp.mm(g, L.ffn_down, g.geglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h)))
-            x = g.add(g.mul(g.rms_norm(h, self.eps), L.ffn_post_norm), x)
-            if L.out_scale is not None:
-                x = g.mul(x, L.out_scale)
-        x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        if inp.out_ids is not None:
-            x = g.get_rows(x, inp.out_ids)
-        logits = inp.head(g, self.output, x)
+    def qkv(self, g, inp, il, L, h):
+        """A layer's own head sizes; V is the K projection when attn_v is absent, and RMS-normed."""
+        d, n_head_kv, n = self.head_dim[il], self.n_head_kv[il], inp.n_tokens
+        q = g.reshape(inp.mm(g, L.wq, h), d, self.n_head[il], n)
+        k = inp.mm(g, L.wk, h)
+        v = inp.mm(g, L.wv, h) if L.wv is not None else k
+        return q, g.reshape(k, d, n_head_kv, n), g.rms_norm(g.reshape(v, d, n_head_kv, n), self.eps)
+
+    def rope(self, g, il, t, pos):
+        factors = None if self.swa[il] else self.rope_freqs
+        return g.rope(t, pos, self.n_rot[il], self.rope_type, self.n_ctx_orig, self.rope_base[il], 1.0,
+                      0.0, 1.0, 32.0, 1.0, factors)
+
+    def ffn(self, g, inp, il, L, h):
+        return blocks.geglu_ffn(g, inp, L, h)
+
+    def head(self, g, inp, x):
+        logits = super().head(g, inp, x)
         if self.softcap:
             logits = g.scale(g.tanh(g.scale(logits, 1.0 / self.softcap)), self.softcap)
         return logits
-
-    def _rope(self, g, il, t, pos, factors):
-        return g.rope(t, pos, self.n_rot[il], self.rope_type, self.n_ctx_orig, self.rope_base[il], 1.0,
-                      0.0, 1.0, 32.0, 1.0, factors)

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from ggserve.native import ggml
-from ggserve.models import moe
+from ggserve.models import blocks, moe
+from ggserve.models.decoder import Decoder
 from ggserve.models.hparams import HParams
-from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError, register
 from ggserve.models.rope import RopeScaling
 from ggserve.models.weights import Weights
@@ -31,31 +28,9 @@ NO_ROPE_STEP = 4                      # hparams.n_no_rope_layer_step default
 TEMP_FLOOR, TEMP_SCALE, TEMP_OFFSET = 8192, 0.1, 1.0
 
 
-class Layer:
-    def __init__(self, w: Weights, i: int, m: "Llama4Model", is_moe: bool):
-        p = f"blk.{i}."
-        n_q, n_kv = m.head_dim * m.n_head, m.head_dim * m.n_head_kv
-        self.attn_norm = w.get(p + "attn_norm.weight", (m.n_embd,))
-        self.wq = w.get(p + "attn_q.weight", (m.n_embd, n_q))
-        self.wk = w.get(p + "attn_k.weight", (m.n_embd, n_kv))
-        self.wv = w.get(p + "attn_v.weight", (m.n_embd, n_kv))
-        self.wo = w.get(p + "attn_output.weight", (n_q, m.n_embd))
-        self.ffn_norm = w.get(p + "ffn_norm.weight", (m.n_embd,))
-        self.experts = None
-        if is_moe:
-            self.experts = moe.Experts(w, i, m.n_embd, m.n_ff_exp, m.routing.n_expert)
-            self.ffn_gate = w.get(p + "ffn_gate_shexp.weight", (m.n_embd, m.n_ff_exp))
-            self.ffn_up = w.get(p + "ffn_up_shexp.weight", (m.n_embd, m.n_ff_exp))
-            self.ffn_down = w.get(p + "ffn_down_shexp.weight", (m.n_ff_exp, m.n_embd))
-        else:
-            self.ffn_gate = w.get(p + "ffn_gate.weight", (m.n_embd, m.n_ff))
-            self.ffn_up = w.get(p + "ffn_up.weight", (m.n_embd, m.n_ff))
-            self.ffn_down = w.get(p + "ffn_down.weight", (m.n_ff, m.n_embd))
-
-
 @register("llama4")
-class Llama4Model:
-    rope_type = ggml.ROPE_NORMAL
+class Llama4Model(Decoder):
+    chunk = CHUNK
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
@@ -70,64 +45,46 @@ class Llama4Model:
                                    weight_before_ffn=True)
         window = hp.get("attention.sliding_window", None)
         if window == 0:                       # no chunking, RoPE everywhere
-            self.chunked = [False] * self.n_layer
+            self.swa_layers = [False] * self.n_layer
             no_rope_step = self.n_layer
         else:
-            pattern = hp.get("attention.sliding_window_pattern", SWA_PATTERN)
-            self.chunked = ([bool(x) for x in pattern] if isinstance(pattern, (list, tuple)) else
-                            [pattern == 0 or il % pattern < pattern - 1 for il in range(self.n_layer)])
+            self.swa_layers = blocks.swa_layers(hp.get("attention.sliding_window_pattern", SWA_PATTERN), self.n_layer)
             no_rope_step = NO_ROPE_STEP
         self.use_rope = [no_rope_step > 0 and (il + 1) % no_rope_step != 0 for il in range(self.n_layer)]
         self.use_kq_norm = n_expert != 128
-        self.rope = RopeScaling.from_hparams(hp)
-        self.rope_base_swa = hp.get("rope.freq_base_swa", self.rope.freq_base)
+        if not all(self.use_rope):
+            self.temperature = (TEMP_SCALE, TEMP_FLOOR, TEMP_OFFSET)
+        self.rope_scaling = RopeScaling.from_hparams(hp)
+        self.rope_base_swa = hp.get("rope.freq_base_swa", self.rope_scaling.freq_base)
         self.kq_scale = hp.get("attention.scale", 0.0) or 1.0 / math.sqrt(self.head_dim)
 
         w = Weights(tensors, path)
         w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", (self.n_rot // 2,), required=False)
-        self.layers = [Layer(w, i, self, moe_step > 0 and (i + 1) % moe_step == 0) for i in range(self.n_layer)]
-
-    def memory_layers(self, device_of_layer) -> list[LayerKV]:
-        n = self.head_dim * self.n_head_kv
-        return [LayerKV(n, n, device_of_layer(i), chunk=CHUNK if self.chunked[i] else 0)
-                for i in range(self.n_layer)]
-
-    def step_values(self, positions: np.ndarray) -> dict[str, np.ndarray]:
-        """Per-step inputs beside the tokens: the attention temperature of each row
-        (f32; computed as llama.cpp's llm_graph_input_attn_temp does, in double)."""
-        pos = positions[0].astype(np.float32)
-        scale = np.log(np.floor((pos + np.float32(TEMP_OFFSET)) / np.float32(TEMP_FLOOR)).astype(np.float64) + 1.0)
-        return {"attn_temp": (scale * np.float64(np.float32(TEMP_SCALE)) + 1.0).astype(np.float32)}
-
-    def forward(self, g, inp):
-        """-> logits [n_vocab, n_outputs]."""
-        n_tokens = inp.n_tokens
-        x = inp.embed(g, self.tok_embd)                                  # [n_embd, n_tokens]
-        temp = g.input("attn_temp", ggml.F32, (1, 1, n_tokens)) if not all(self.use_rope) else None
-        for il, L in enumerate(self.layers):
-            h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
-            q = g.reshape(inp.mm(g, L.wq, h), self.head_dim, self.n_head, n_tokens)
-            k = g.reshape(inp.mm(g, L.wk, h), self.head_dim, self.n_head_kv, n_tokens)
-            v = g.reshape(inp.mm(g, L.wv, h), self.head_dim, self.n_head_kv, n_tokens)
-            if self.use_rope[il]:
-                base = self.rope_base_swa if self.chunked[il] else self.rope.freq_base
-                q = self.rope.apply(g, q, inp.positions, self.n_rot, self.rope_type, self.rope_freqs, freq_base=base)
-                k = self.rope.apply(g, k, inp.positions, self.n_rot, self.rope_type, self.rope_freqs, freq_base=base)
-                if self.use_kq_norm:                                     # Llama4TextL2Norm
-                    q = g.rms_norm(q, self.eps)
-                    k = g.rms_norm(k, self.eps)
+        self.layers = []
+        for i in range(self.n_layer):
+            if moe_step > 0 and (i + 1) % moe_step == 0:
+                L = blocks.Layer(w, i, blocks.attention_weights(self),
+                                 blocks.ffn_weights(self, self.n_ff_exp, suffix="_shexp"))      # the shared expert
+                L.experts = moe.Experts(w, i, self.n_embd, self.n_ff_exp, n_expert)
             else:
-                q = g.mul(q, temp)
-            a = inp.mm(g, L.wo, inp.kv.attention(g, il, q, k, v, self.kq_scale))
-            if il == self.n_layer - 1 and inp.out_ids is not None:
-                a = g.get_rows(a, inp.out_ids)
-                x = g.get_rows(x, inp.out_ids)
-            x = g.add(a, x)
-            h = g.mul(g.rms_norm(x, self.eps), L.ffn_norm)
-            ffn = inp.mm(g, L.ffn_down, g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h)))
-            if L.experts is not None:
-                ffn = g.add(moe.moe_ffn(g, inp, h, L.experts, self.routing), ffn)
-            x = g.add(ffn, x)
-        x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.head(g, self.output, x)
+                L = blocks.Layer(w, i, blocks.attention_weights(self), blocks.ffn_weights(self))
+            self.layers.append(L)
+
+    def rope(self, g, il, t, pos):
+        """Chunked layers: rope (the chunked base), then an L2 norm without weights
+        (Llama4TextL2Norm) unless use_kq_norm is off; the global layers: no rotation."""
+        if not self.use_rope[il]:
+            return t
+        base = self.rope_base_swa if self.swa_layers[il] else self.rope_scaling.freq_base
+        t = self.rope_scaling.apply(g, t, pos, self.n_rot, self.rope_type, self.rope_freqs, freq_base=base)
+        return g.rms_norm(t, self.eps) if self.use_kq_norm else t
+
+    def scale_q(self, g, il, q, temp):
+        return q if self.use_rope[il] else g.mul(q, temp)
+
+    def ffn(self, g, inp, il, L, h):
+        ffn = blocks.swiglu_ffn(g, inp, L, h)
+        if L.experts is not None:
+            ffn = g.add(moe.moe_ffn(g, inp, h, L.experts, self.routing), ffn)
+        return ffn

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ggserve.native import ggml
+from ggserve.models import blocks
+from ggserve.models.decoder import AFTER_NORM, Decoder
 from ggserve.models.hparams import HParams
 from ggserve.models.memory import LayerKV, LayerRecurrent, equal_blocks
 from ggserve.models.registry import register
@@ -29,12 +31,12 @@ from ggserve.models.weights import Weights
 F32 = 4     # bytes
 
 
-class Layer:
+class Layer(blocks.Layer):
     def __init__(self, w: Weights, i: int, m: "Qwen35Model"):
         p = f"blk.{i}."
         self.recurrent = m.is_recurrent[i]
         self.attn_norm = w.get(p + "attn_norm.weight", (m.n_embd,))
-        self.post_norm = w.get(p + "post_attention_norm.weight", (m.n_embd,))
+        self.ffn_norm = w.get(p + "post_attention_norm.weight", (m.n_embd,))
         if self.recurrent:
             self.wqkv = w.get(p + "attn_qkv.weight", (m.n_embd, m.conv_dim))
             self.wz = w.get(p + "attn_gate.weight", (m.n_embd, m.value_dim))
@@ -57,8 +59,9 @@ class Layer:
 
 
 @register("qwen35")
-class Qwen35Model:
+class Qwen35Model(Decoder):
     n_pos = 4           # M-RoPE: 4 positions per token (text: p, p, p, 0)
+    pick_rows = AFTER_NORM
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
@@ -101,31 +104,14 @@ class Qwen35Model:
         return [LayerRecurrent((conv_state, ssm_state), device_of_layer(i)) if r else
                 LayerKV(n_kv, n_kv, device_of_layer(i)) for i, r in enumerate(self.is_recurrent)]
 
-    def forward(self, g, inp):
-        """-> logits [n_vocab, n_outputs]."""
-        x = inp.embed(g, self.tok_embd)                                   # [n_embd, n_tokens]
-        for il, L in enumerate(self.layers):
-            h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
-            if L.recurrent:
-                h = self._delta_net(g, inp, il, L, h)
-            else:
-                h = self._attention(g, inp, il, L, h)
-            x = g.add(h, x)
-            x = g.add(self.ffn(g, inp, L, g.mul(g.rms_norm(x, self.eps), L.post_norm)), x)
-        x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        if inp.out_ids is not None:
-            x = g.get_rows(x, inp.out_ids)
-        return inp.head(g, self.output, x)
+    def attention(self, g, inp, il, L, h, temp):
+        if L.recurrent:
+            return self._delta_net(g, inp, il, L, h)
+        return self._attention(g, inp, il, L, h)
 
     def load_ffn(self, L: Layer, w: Weights, i: int) -> None:
         """The FFN's weights of layer i on L (a SwiGLU FFN; Qwen3.5-MoE: experts)."""
-        p = f"blk.{i}."
-        L.ffn_gate = w.get(p + "ffn_gate.weight", (self.n_embd, self.n_ff))
-        L.ffn_up = w.get(p + "ffn_up.weight", (self.n_embd, self.n_ff))
-        L.ffn_down = w.get(p + "ffn_down.weight", (self.n_ff, self.n_embd))
-
-    def ffn(self, g, inp, L: Layer, h):
-        return inp.mm(g, L.ffn_down, g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h)))
+        L.load(w, i, blocks.ffn_weights(self, norm=None))
 
     def _attention(self, g, inp, il, L, h):
         n, d, n_head = inp.n_tokens, self.head_dim, self.n_head

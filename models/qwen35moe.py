@@ -9,7 +9,7 @@ own gate vector `ffn_gate_inp_shexp` [n_embd], added to the experts' sum.
 """
 from __future__ import annotations
 
-from ggserve.models import moe
+from ggserve.models import blocks, moe
 from ggserve.models.hparams import HParams
 from ggserve.models.qwen35 import Layer, Qwen35Model
 from ggserve.models.registry import ModelError, register
@@ -29,19 +29,17 @@ class Qwen35MoeModel(Qwen35Model):
                                    weights_scale=hp.get("expert_weights_scale", 0.0))
 
     def load_ffn(self, L: Layer, w: Weights, i: int) -> None:
-        p = f"blk.{i}."
         L.experts = moe.Experts(w, i, self.n_embd, self.n_ff_exp, self.routing.n_expert)
         # the shared expert (optional in llama.cpp's graph, as it is here) and its gate
-        L.ffn_up = w.get(p + "ffn_up_shexp.weight", (self.n_embd, self.n_ff_shexp), required=False)
+        L.ffn_up = w.get(f"blk.{i}.ffn_up_shexp.weight", (self.n_embd, self.n_ff_shexp), required=False)
         if L.ffn_up is not None:
-            L.ffn_gate = w.get(p + "ffn_gate_shexp.weight", (self.n_embd, self.n_ff_shexp))
-            L.ffn_down = w.get(p + "ffn_down_shexp.weight", (self.n_ff_shexp, self.n_embd))
-            L.shexp_gate = w.get(p + "ffn_gate_inp_shexp.weight", (self.n_embd,))
+            L.load(w, i, blocks.ffn_weights(self, self.n_ff_shexp, norm=None, suffix="_shexp"),
+                   [("shexp_gate", "ffn_gate_inp_shexp.weight", (self.n_embd,), True)])
 
-    def ffn(self, g, inp, L: Layer, h):
+    def ffn(self, g, inp, il, L: Layer, h):
         out = moe.moe_ffn(g, inp, h, L.experts, self.routing)
         if L.ffn_up is None:
             return out
-        shared = super().ffn(g, inp, L, h)                                  # [n_embd, n_tokens]
+        shared = super().ffn(g, inp, il, L, h)                                  # [n_embd, n_tokens]
         gate = g.sigmoid(inp.mm(g, L.shexp_gate, h))                        # [1, n_tokens]
         return g.add(out, g.mul(shared, gate))

@@ -46,27 +46,13 @@ class Qwen3VLModel(Qwen3Model):
         return slices[0], slices[1:]
 
     def forward(self, g, inp):
-        """-> logits [n_vocab, n_outputs]."""
-        n_tokens = inp.n_tokens
+        """-> logits [n_vocab, n_outputs]: Qwen3's layers, each deepstack slice added
+        after its layer (the wanted rows only after the last)."""
         x, deepstack = self._embed(g, inp)                                  # [n_embd, n_tokens]
         for il, L in enumerate(self.layers):
-            h = g.mul(g.rms_norm(x, self.eps), L.attn_norm)
-            q = g.reshape(inp.mm(g, L.wq, h), self.head_dim, self.n_head, n_tokens)
-            k = g.reshape(inp.mm(g, L.wk, h), self.head_dim, self.n_head_kv, n_tokens)
-            v = g.reshape(inp.mm(g, L.wv, h), self.head_dim, self.n_head_kv, n_tokens)
-            q = self._rope(g, g.mul(g.rms_norm(q, self.eps), L.q_norm), inp.positions)
-            k = self._rope(g, g.mul(g.rms_norm(k, self.eps), L.k_norm), inp.positions)
-            a = inp.mm(g, L.wo, inp.kv.attention(g, il, q, k, v, self.kq_scale))
-            last = il == self.n_layer - 1 and inp.out_ids is not None
-            if last:
-                a = g.get_rows(a, inp.out_ids)
-                x = g.get_rows(x, inp.out_ids)
-            x = g.add(a, x)
-            h = g.mul(g.rms_norm(x, self.eps), L.ffn_norm)
-            h = g.swiglu(inp.mm(g, L.ffn_gate, h), inp.mm(g, L.ffn_up, h))
-            x = g.add(inp.mm(g, L.ffn_down, h), x)
+            x = self.layer(g, inp, il, L, x, None)
             if deepstack is not None and il < self.n_deepstack:
                 ds = deepstack[il]
+                last = il == self.n_layer - 1 and inp.out_ids is not None
                 x = g.add(x, g.get_rows(ds, inp.out_ids) if last else ds)
-        x = g.mul(g.rms_norm(x, self.eps), self.output_norm)
-        return inp.head(g, self.output, x)
+        return self.head(g, inp, x)

@@ -31,7 +31,7 @@ class TileSpan:
     key: str            # content hash of the image + tile index: the multimodal store's key
     tile: object        # float32 [3, H, W] pixels to encode (dropped once encoded)
     bidirectional: bool  # rows attend to each other both ways (and must share a batch)
-    counted: bool = False  # counted once as an image-cache hit or miss (server/engine/engine.py)
+    counted: bool = False  # counted once as an image-cache hit or miss (ImageStore.reach, .miss)
     # M-RoPE (Qwen-VL): the rows' (columns, rows) grid; the span takes max of the two positions
     grid: tuple[int, int] | None = None
 
