@@ -14,12 +14,12 @@ default resolves to flash attention on CPU and CUDA).
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
 from ggserve.models.registry import ModelError
+from ggserve.models.vision import vit
 from ggserve.models.vision.mmproj import VisionConfig, open_mmproj
 from ggserve.models.vision.preprocess import Plan, Tiles, preprocessor_for, to_rgb
 from ggserve.models.vision.registry import family_class
@@ -32,38 +32,6 @@ from ggserve.native import ggml
 # becomes the last image token. We reproduce that so embeddings match llama.cpp.
 # ref: ggml-org/llama.cpp issue 25814 / PR 25844 (open when the golden data were made)
 LLAVA_CLS_LAST = True
-
-
-class Block:
-    def __init__(self, w: Weights, i: int, e: int, f: int):
-        p = f"v.blk.{i}."
-        self.ln1_w = w.get(p + "ln1.weight", (e,))
-        self.ln1_b = w.get(p + "ln1.bias", (e,), required=False)
-        self.wq = w.get(p + "attn_q.weight", (e, e))
-        self.wk = w.get(p + "attn_k.weight", (e, e))
-        self.wv = w.get(p + "attn_v.weight", (e, e))
-        self.bq = w.get(p + "attn_q.bias", (e,), required=False)
-        self.bk = w.get(p + "attn_k.bias", (e,), required=False)
-        self.bv = w.get(p + "attn_v.bias", (e,), required=False)
-        self.wo = w.get(p + "attn_out.weight", (e, e))
-        self.bo = w.get(p + "attn_out.bias", (e,), required=False)
-        self.ln2_w = w.get(p + "ln2.weight", (e,))
-        self.ln2_b = w.get(p + "ln2.bias", (e,), required=False)
-        self.up = w.get(p + "ffn_up.weight", (e, f))
-        self.up_b = w.get(p + "ffn_up.bias", (f,), required=False)
-        self.down = w.get(p + "ffn_down.weight", (f, e))
-        self.down_b = w.get(p + "ffn_down.bias", (e,), required=False)
-
-
-def _add(g, x, b):
-    return g.add(x, b) if b is not None else x
-
-
-def _layer_norm(g, x, w, b, eps):
-    x = g.norm(x, eps)
-    if w is not None:
-        x = g.mul(x, w)
-    return _add(g, x, b)
 
 
 class VisionModel:
@@ -99,11 +67,9 @@ class VisionModel:
         if self.class_embd is not None:
             n_pos += 1
         self.pos_embd = w.get("v.position_embd.weight", (e, n_pos))
-        self.pre_ln_w = w.get("v.pre_ln.weight", (e,), required=False)
-        self.pre_ln_b = w.get("v.pre_ln.bias", (e,), required=False)
-        self.post_ln_w = w.get("v.post_ln.weight", (e,), required=False)
-        self.post_ln_b = w.get("v.post_ln.bias", (e,), required=False)
-        self.blocks = [Block(w, i, e, f) for i in range(cfg.n_layer)]
+        self.pre_ln = vit.norm_weights(w, "pre_ln", e)
+        self.post_ln = vit.norm_weights(w, "post_ln", e)
+        self.blocks = [vit.Block(w, i, e, f) for i in range(cfg.n_layer)]
 
         if cfg.projector == "gemma3":
             self.soft_emb_norm = w.get("mm.soft_emb_norm.weight", (e,))
@@ -116,14 +82,8 @@ class VisionModel:
             self.fc = w.get("mm.model.fc.weight", (e * s * s, fc.ne[1]))
             self.n_embd_out = fc.ne[1]
         else:  # mlp
-            mm0 = w.get("mm.0.weight")
-            t0 = mm0.ne[1]
-            self.mm0 = w.get("mm.0.weight", (e, t0))
-            self.mm0_b = w.get("mm.0.bias", (t0,))
-            mm2 = w.get("mm.2.weight")
-            self.n_embd_out = mm2.ne[1]
-            self.mm2 = w.get("mm.2.weight", (t0, self.n_embd_out))
-            self.mm2_b = w.get("mm.2.bias", (self.n_embd_out,))
+            self.mm0, self.mm0_b, self.mm2, self.mm2_b = vit.mlp_weights(w, "mm.0", "mm.2", e)
+            self.n_embd_out = self.mm2.ne[1]
 
     # -- loading -------------------------------------------------------------------
 
@@ -212,15 +172,10 @@ class VisionModel:
     def _build(self, g, width: int, height: int):
         cfg = self.config
         p = cfg.patch_size
-        if width % p or height % p:
-            raise ValueError(f"tile {width}x{height} is not a multiple of the patch size {p}")
+        inp_raw, x = vit.patch_embed(g, self.patch_embd, self.patch_bias, width, height, p)   # [e, n_patches]
         nx, ny = width // p, height // p
         n_patches = nx * ny
         e = cfg.n_embd
-        inp_raw = g.input("inp_raw", ggml.F32, (width, height, 3))
-        x = g.conv_2d(self.patch_embd, inp_raw, p, p)                    # [nx, ny, e]
-        x = g.cont(g.transpose(g.reshape(x, n_patches, e)))               # [e, n_patches]
-        x = _add(g, x, self.patch_bias)
 
         if cfg.projector == "mlp":
             if LLAVA_CLS_LAST:
@@ -254,31 +209,8 @@ class VisionModel:
     def _vit(self, g, x, n_pos: int, n_blocks: int):
         """Pre LN, n_blocks pre-norm transformer blocks, post LN. x: [e, n_pos]."""
         cfg = self.config
-        e, eps = cfg.n_embd, cfg.eps
-        n_head = cfg.n_head
-        d_head = e // n_head
-        kq_scale = 1.0 / math.sqrt(d_head)
-        act = {"gelu": g.gelu, "gelu_quick": g.gelu_quick, "silu": g.silu}[cfg.ffn_op]
-        if self.pre_ln_w is not None:
-            x = _layer_norm(g, x, self.pre_ln_w, self.pre_ln_b, eps)
-        for B in self.blocks[:n_blocks]:
-            h = _layer_norm(g, x, B.ln1_w, B.ln1_b, eps)
-            q = g.reshape(_add(g, g.mul_mat(B.wq, h), B.bq), d_head, n_head, n_pos)
-            k = g.reshape(_add(g, g.mul_mat(B.wk, h), B.bk), d_head, n_head, n_pos)
-            v = g.reshape(_add(g, g.mul_mat(B.wv, h), B.bv), d_head, n_head, n_pos)
-            q = g.permute(q, 0, 2, 1, 3)                                  # [d, n_pos, n_head]
-            k = g.cast(g.permute(k, 0, 2, 1, 3), ggml.F16)
-            v = g.cast(g.permute(v, 0, 2, 1, 3), ggml.F16)
-            a = g.flash_attn(q, k, v, None, kq_scale)                     # [d, n_head, n_pos]
-            a = _add(g, g.mul_mat(B.wo, g.reshape(a, e, n_pos)), B.bo)
-            x = g.add(a, x)
-            h = _layer_norm(g, x, B.ln2_w, B.ln2_b, eps)
-            h = act(_add(g, g.mul_mat(B.up, h), B.up_b))
-            h = _add(g, g.mul_mat(B.down, h), B.down_b)
-            x = g.add(x, h)
-        if self.post_ln_w is not None:
-            x = _layer_norm(g, x, self.post_ln_w, self.post_ln_b, eps)
-        return x
+        return vit.vit(g, x, self.blocks[:n_blocks], n_head=cfg.n_head, eps=cfg.eps, ffn_op=cfg.ffn_op,
+                       pre_ln=self.pre_ln, post_ln=self.post_ln)
 
     @staticmethod
     def _pixel_shuffle(g, x, nx: int, ny: int, s: int):

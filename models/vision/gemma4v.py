@@ -21,8 +21,8 @@ import numpy as np
 
 from ggserve.models.registry import ModelError
 from ggserve.models.vision import vit
-from ggserve.models.vision.preprocess import BICUBIC, Plan, Tiles, normalize, resize_pad_to, size_preserved_ratio
-from ggserve.models.vision.registry import Family, register
+from ggserve.models.vision.dynamic import DynamicSize
+from ggserve.models.vision.registry import register
 from ggserve.native import ggml
 
 ROPE_THETA = 100.0
@@ -42,7 +42,7 @@ class Block(vit.Block):
 
 
 @register("gemma4v")
-class Gemma4V(Family):
+class Gemma4V(DynamicSize):
     name = "gemma4v"
 
     def __init__(self, cfg, meta: dict, path: str):
@@ -50,9 +50,7 @@ class Gemma4V(Family):
         self.merge = int(meta.get("clip.vision.projector.scale_factor", 3) or 3)
         if self.merge < 1:
             raise ModelError(f"{path}: clip.vision.projector.scale_factor must be >= 1")
-        self.align = cfg.patch_size * self.merge
-        self.min_pixels = MIN_TOKENS * self.align ** 2
-        self.max_pixels = MAX_TOKENS * self.align ** 2
+        self.set_limits(cfg.patch_size * self.merge, MIN_TOKENS, MAX_TOKENS)
 
     def check_vocab(self, tokenizer) -> None:
         for name in (IMAGE_BEGIN, IMAGE_END):
@@ -73,21 +71,6 @@ class Gemma4V(Family):
         self.input_proj = w.get("mm.input_projection.weight", (e, self.n_embd_out))
 
     # -- preprocessing -------------------------------------------------------------
-
-    def plan(self, width: int, height: int) -> Plan:
-        if width <= 0 or height <= 0:
-            raise ValueError(f"image has no pixels ({width}x{height})")
-        w, h = size_preserved_ratio(width, height, self.align, self.min_pixels, self.max_pixels)
-        gx, gy = w // self.align, h // self.align
-        return Plan(1, gx, gy, (w, h), (gx * gy,))
-
-    def preprocess(self, rgb: np.ndarray) -> Tiles:
-        p = self.plan(rgb.shape[1], rgb.shape[0])
-        w, h = p.resized
-        img = resize_pad_to(rgb, w, h, BICUBIC, (0, 0, 0))
-        return Tiles([normalize(img, self.cfg.image_mean, self.cfg.image_std)], n_tokens=p.n_tokens)
-
-    __call__ = preprocess
 
     def layout(self, tiles, text, image) -> None:
         text(IMAGE_BEGIN)
@@ -110,7 +93,7 @@ class Gemma4V(Family):
 
     def build(self, g, width: int, height: int):
         cfg = self.cfg
-        p, e, eps, n_head, d = cfg.patch_size, cfg.n_embd, cfg.eps, cfg.n_head, self.d_head
+        p, e, eps, n_head = cfg.patch_size, cfg.n_embd, cfg.eps, cfg.n_head
         if width % self.align or height % self.align:
             raise ValueError(f"tile {width}x{height} is not a multiple of {self.align}")
         nx, ny = width // p, height // p
@@ -126,26 +109,8 @@ class Gemma4V(Family):
         tbl_x = g.view(self.pos_embd, (e, self.pos_size), (nb1,), 0)
         tbl_y = g.view(self.pos_embd, (e, self.pos_size), (nb1,), self.pos_size * nb1)
         x = g.add(g.add(x, g.get_rows(tbl_x, pos_x)), g.get_rows(tbl_y, pos_y))
-        for B in self.blocks:
-            h = vit.norm(g, x, B.ln1_w, B.ln1_b, eps, "rms")
-            q = g.reshape(vit.add(g, g.mul_mat(B.wq, h), B.bq), d, n_head, n)
-            k = g.reshape(vit.add(g, g.mul_mat(B.wk, h), B.bk), d, n_head, n)
-            v = g.reshape(vit.add(g, g.mul_mat(B.wv, h), B.bv), d, n_head, n)
-            if B.q_norm is not None:
-                q = vit.norm(g, q, B.q_norm, None, eps, "rms")
-            if B.k_norm is not None:
-                k = vit.norm(g, k, B.k_norm, None, eps, "rms")
-            q, k = self._rope(g, q, pos_x, pos_y), self._rope(g, k, pos_x, pos_y)
-            v = g.rms_norm(v, eps)
-            a = vit.attention(g, q, k, v, B.wo, B.bo, 1.0)
-            if B.attn_post_norm is not None:
-                a = vit.norm(g, a, B.attn_post_norm, None, eps, "rms")
-            x = g.add(a, x)
-            h = vit.norm(g, x, B.ln2_w, B.ln2_b, eps, "rms")
-            h = vit.ffn(g, h, B.up, B.up_b, B.gate, B.gate_b, B.down, B.down_b, cfg.ffn_op)
-            if B.ffn_post_norm is not None:
-                h = vit.norm(g, h, B.ffn_post_norm, None, eps, "rms")
-            x = g.add(x, h)
+        x = vit.vit(g, x, self.blocks, n_head=n_head, eps=eps, ffn_op=cfg.ffn_op, norm_kind="rms",
+                    rope=lambda g, t: self._rope(g, t, pos_x, pos_y), kq_scale=1.0, v_norm=True)
         k = self.merge
         x = g.reshape(g.cont(g.transpose(x)), nx, ny, e, 1)                   # [nx, ny, e]
         x = g.pool_2d(x, ggml.POOL_AVG, k, k, k, k, 0, 0)

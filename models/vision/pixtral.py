@@ -20,8 +20,8 @@ import numpy as np
 
 from ggserve.models.registry import ModelError
 from ggserve.models.vision import vit
-from ggserve.models.vision.preprocess import BICUBIC, Plan, Tiles, normalize, resize_pad_to, size_preserved_ratio
-from ggserve.models.vision.registry import Family, register
+from ggserve.models.vision.dynamic import DynamicSize
+from ggserve.models.vision.registry import register
 from ggserve.native import ggml
 
 ROPE_THETA = 10000.0
@@ -29,7 +29,7 @@ MIN_TOKENS, MAX_TOKENS = 8, 1024          # after the merge (clip.cpp set_limit_
 
 
 @register("pixtral")
-class Pixtral(Family):
+class Pixtral(DynamicSize):
     name = "pixtral"
 
     def __init__(self, cfg, meta: dict, path: str):
@@ -39,9 +39,7 @@ class Pixtral(Family):
             raise ModelError(f"{path}: clip.vision.spatial_merge_size must be >= 1")
         if cfg.ffn_op not in ("silu", "gelu"):
             raise ModelError(f"{path}: pixtral blocks have a gated FFN (clip.use_silu or clip.use_gelu)")
-        self.align = cfg.patch_size * self.merge
-        self.min_pixels = MIN_TOKENS * self.align ** 2
-        self.max_pixels = MAX_TOKENS * self.align ** 2
+        self.set_limits(cfg.patch_size * self.merge, MIN_TOKENS, MAX_TOKENS)
         if self.merge > 1:
             self.name = "mistral3"
 
@@ -59,35 +57,15 @@ class Pixtral(Family):
             m = self.merge
             self.input_norm = w.get("mm.input_norm.weight", (e,))
             self.patch_merger = w.get("mm.patch_merger.weight", (e * m * m, e))
-        mm1 = w.get("mm.1.weight")
-        t = mm1.ne[1]
-        self.mm1 = w.get("mm.1.weight", (e, t))
-        self.mm1_b = w.get("mm.1.bias", (t,), required=False)
-        mm2 = w.get("mm.2.weight")
-        self.n_embd_out = mm2.ne[1]
-        self.mm2 = w.get("mm.2.weight", (t, self.n_embd_out))
-        self.mm2_b = w.get("mm.2.bias", (self.n_embd_out,), required=False)
+        self.mm1, self.mm1_b, self.mm2, self.mm2_b = vit.mlp_weights(w, "mm.1", "mm.2", e, biases=False)
+        self.n_embd_out = self.mm2.ne[1]
         self.img_break = w.get("v.token_embd.img_break", (self.n_embd_out,), required=False)
 
     # -- preprocessing -------------------------------------------------------------
 
-    def _tokens(self, width: int, height: int) -> int:
+    def tokens(self, width: int, height: int) -> int:
         gx, gy = width // self.align, height // self.align
         return gx * gy + (gy - 1 if self.img_break is not None else 0)
-
-    def plan(self, width: int, height: int) -> Plan:
-        if width <= 0 or height <= 0:
-            raise ValueError(f"image has no pixels ({width}x{height})")
-        w, h = size_preserved_ratio(width, height, self.align, self.min_pixels, self.max_pixels)
-        return Plan(1, w // self.align, h // self.align, (w, h), (self._tokens(w, h),))
-
-    def preprocess(self, rgb: np.ndarray) -> Tiles:
-        p = self.plan(rgb.shape[1], rgb.shape[0])
-        w, h = p.resized
-        img = resize_pad_to(rgb, w, h, BICUBIC, (0, 0, 0))
-        return Tiles([normalize(img, self.cfg.image_mean, self.cfg.image_std)], n_tokens=p.n_tokens)
-
-    __call__ = preprocess
 
     def layout(self, tiles, text, image) -> None:
         image(0)

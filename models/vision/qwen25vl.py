@@ -22,8 +22,8 @@ import numpy as np
 
 from ggserve.models.registry import ModelError
 from ggserve.models.vision import vit
-from ggserve.models.vision.preprocess import BICUBIC, Plan, Tiles, normalize, resize_pad_to, size_preserved_ratio
-from ggserve.models.vision.registry import Family, register
+from ggserve.models.vision.dynamic import DynamicSize
+from ggserve.models.vision.registry import register
 from ggserve.native import ggml
 
 MIN_TOKENS, MAX_TOKENS = 8, 4096         # clip.cpp set_limit_image_tokens(8, 4096)
@@ -32,9 +32,11 @@ ATTN_WINDOW = 112                        # pixels; clip.cpp's default attn_windo
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 
 
-class QwenVLBase(Family):
+class QwenVLBase(DynamicSize):
     """What Qwen2.5-VL and Qwen3-VL share: dynamic-size preprocessing, the 2x2 merge
     order of patches, the tower's M-RoPE positions and the prompt layout."""
+
+    tiles_grid = True
 
     def __init__(self, cfg, meta: dict, path: str):
         super().__init__(cfg, meta, path)
@@ -44,32 +46,12 @@ class QwenVLBase(Family):
         d_head = cfg.n_embd // cfg.n_head
         if d_head % 4:
             raise ModelError(f"{path}: head size {d_head} is not a multiple of 4 (M-RoPE sections)")
-        self.align = cfg.patch_size * self.merge
-        self.min_pixels = MIN_TOKENS * self.align ** 2
-        self.max_pixels = MAX_TOKENS * self.align ** 2
+        self.set_limits(cfg.patch_size * self.merge, MIN_TOKENS, MAX_TOKENS)
 
     def check_vocab(self, tokenizer) -> None:
         for name in (VISION_START, VISION_END):
             if tokenizer.token_to_id(name) is None:
                 raise ValueError(f"the text model has no {name} token, which {self.name} images need")
-
-    # -- preprocessing -------------------------------------------------------------
-
-    def plan(self, width: int, height: int) -> Plan:
-        if width <= 0 or height <= 0:
-            raise ValueError(f"image has no pixels ({width}x{height})")
-        w, h = size_preserved_ratio(width, height, self.align, self.min_pixels, self.max_pixels)
-        gx, gy = w // self.align, h // self.align
-        return Plan(1, gx, gy, (w, h), (gx * gy,))
-
-    def preprocess(self, rgb: np.ndarray) -> Tiles:
-        p = self.plan(rgb.shape[1], rgb.shape[0])
-        w, h = p.resized
-        img = resize_pad_to(rgb, w, h, BICUBIC, (0, 0, 0))
-        return Tiles([normalize(img, self.cfg.image_mean, self.cfg.image_std)], p.grid_x, p.grid_y,
-                     n_tokens=p.n_tokens)
-
-    __call__ = preprocess
 
     def layout(self, tiles, text, image) -> None:
         text(VISION_START)
@@ -149,14 +131,8 @@ class Qwen25VL(QwenVLBase):
         self.blocks = [vit.Block(w, i, e, cfg.n_ff) for i in range(cfg.n_layer)]
         if any(b.gate is None for b in self.blocks):
             raise ModelError(f"{self.path}: qwen2.5vl blocks need v.blk.N.ffn_gate.weight")
-        mm0 = w.get("mm.0.weight")
-        t = mm0.ne[1]
-        self.mm0 = w.get("mm.0.weight", (4 * e, t))
-        self.mm0_b = w.get("mm.0.bias", (t,))
-        mm2 = w.get("mm.2.weight")
-        self.n_embd_out = mm2.ne[1]
-        self.mm2 = w.get("mm.2.weight", (t, self.n_embd_out))
-        self.mm2_b = w.get("mm.2.bias", (self.n_embd_out,))
+        self.mm0, self.mm0_b, self.mm2, self.mm2_b = vit.mlp_weights(w, "mm.0", "mm.2", 4 * e)
+        self.n_embd_out = self.mm2.ne[1]
 
     def windows(self, gx: int, gy: int) -> tuple[np.ndarray, np.ndarray]:
         """(idx, mask): idx[src] = where merged token src goes when tokens are grouped by
@@ -200,20 +176,10 @@ class Qwen25VL(QwenVLBase):
             extra[positions] = self._positions(nx, ny, idx_np)
         else:
             extra[positions] = self._positions(nx, ny)
-        d_head = e // cfg.n_head
-        kq_scale = 1.0 / np.sqrt(d_head)
-        for il, B in enumerate(self.blocks):
-            full = self.n_wa_pattern <= 0 or (il + 1) % self.n_wa_pattern == 0
-            h = vit.norm(g, x, B.ln1_w, B.ln1_b, eps, "rms")
-            q = g.reshape(vit.add(g, g.mul_mat(B.wq, h), B.bq), d_head, cfg.n_head, n)
-            k = g.reshape(vit.add(g, g.mul_mat(B.wk, h), B.bk), d_head, cfg.n_head, n)
-            v = g.reshape(vit.add(g, g.mul_mat(B.wv, h), B.bv), d_head, cfg.n_head, n)
-            q, k = self._rope(g, q, positions), self._rope(g, k, positions)
-            x = g.add(vit.attention(g, q, k, v, B.wo, B.bo, kq_scale, None if full else mask), x)
-            h = vit.norm(g, x, B.ln2_w, B.ln2_b, eps, "rms")
-            x = g.add(x, vit.ffn(g, h, B.up, B.up_b, B.gate, B.gate_b, B.down, B.down_b, cfg.ffn_op))
-        if self.post_ln is not None:
-            x = vit.norm(g, x, self.post_ln, None, eps, "rms")
+        n_wa = self.n_wa_pattern
+        x = vit.vit(g, x, self.blocks, n_head=cfg.n_head, eps=eps, ffn_op=cfg.ffn_op, norm_kind="rms",
+                    post_ln=(self.post_ln, None), rope=lambda g, t: self._rope(g, t, positions),
+                    mask_of=lambda il: None if n_wa <= 0 or (il + 1) % n_wa == 0 else mask)
         x = g.reshape(x, 4 * e, gx * gy)
         x = vit.ffn(g, x, self.mm0, self.mm0_b, None, None, self.mm2, self.mm2_b, "gelu")
         if idx is not None:

@@ -12,7 +12,10 @@ from ggserve.native import ggml
 
 
 class Block:
-    """One ViT block's tensors (`v.blk.{i}.*`); biases, the FFN gate optional."""
+    """One ViT block's tensors (`v.blk.{i}.*`); biases, the FFN gate optional. Families
+    add q/k norms and post norms (None: the block has none)."""
+
+    q_norm = k_norm = attn_post_norm = ffn_post_norm = None
 
     def __init__(self, w, i: int, e: int, f: int):
         p = f"v.blk.{i}."
@@ -34,6 +37,20 @@ class Block:
         self.gate_b = w.get(p + "ffn_gate.bias", (f,), required=False)
         self.down = w.get(p + "ffn_down.weight", (f, e))
         self.down_b = w.get(p + "ffn_down.bias", (e,), required=False)
+
+
+def norm_weights(w, name: str, e: int):
+    """(weight, bias) of an optional norm `v.{name}` (either may be absent)."""
+    return w.get(f"v.{name}.weight", (e,), required=False), w.get(f"v.{name}.bias", (e,), required=False)
+
+
+def mlp_weights(w, first: str, second: str, n_in: int, biases: bool = True):
+    """Two linear layers `{first}` [n_in, t] and `{second}` [t, n_out] (a projector)
+    -> (w1, b1, w2, b2); biases required, or optional when not `biases`."""
+    t = w.get(first + ".weight").ne[1]
+    n_out = w.get(second + ".weight").ne[1]
+    return (w.get(first + ".weight", (n_in, t)), w.get(first + ".bias", (t,), required=biases),
+            w.get(second + ".weight", (t, n_out)), w.get(second + ".bias", (n_out,), required=biases))
 
 
 def add(g, x, b):
@@ -87,25 +104,39 @@ def attention(g, q, k, v, wo, bo, scale: float, mask=None):
 
 
 def vit(g, x, blocks, *, n_head: int, eps: float, ffn_op: str, norm_kind: str = "layer",
-        pre_ln=(None, None), post_ln=(None, None), rope=None):
+        pre_ln=(None, None), post_ln=(None, None), rope=None, kq_scale: float | None = None,
+        v_norm: bool = False, mask_of=None):
     """build_vit: x [e, n_pos] (position embeddings already added) -> [e, n_pos].
 
-    rope: f(g, t) -> t applied to Q and K ([d_head, n_head, n_pos]) in every block."""
+    rope: f(g, t) -> t applied to Q and K ([d_head, n_head, n_pos]) in every block, after
+    the blocks' q/k norms; v_norm: V RMS-normed without weight; mask_of: il -> the
+    attention mask of block il or None; kq_scale: default 1/sqrt(d_head)."""
     e, n_pos = x.ne[0], x.ne[1]
     d_head = e // n_head
-    kq_scale = 1.0 / math.sqrt(d_head)
+    kq_scale = 1.0 / math.sqrt(d_head) if kq_scale is None else kq_scale
     if pre_ln[0] is not None:
         x = norm(g, x, pre_ln[0], pre_ln[1], eps, norm_kind)
-    for B in blocks:
+    for il, B in enumerate(blocks):
         h = norm(g, x, B.ln1_w, B.ln1_b, eps, norm_kind)
         q = g.reshape(add(g, g.mul_mat(B.wq, h), B.bq), d_head, n_head, n_pos)
         k = g.reshape(add(g, g.mul_mat(B.wk, h), B.bk), d_head, n_head, n_pos)
         v = g.reshape(add(g, g.mul_mat(B.wv, h), B.bv), d_head, n_head, n_pos)
+        if B.q_norm is not None:
+            q = norm(g, q, B.q_norm, None, eps, norm_kind)
+        if B.k_norm is not None:
+            k = norm(g, k, B.k_norm, None, eps, norm_kind)
         if rope is not None:
             q, k = rope(g, q), rope(g, k)
-        x = g.add(attention(g, q, k, v, B.wo, B.bo, kq_scale), x)
+        if v_norm:
+            v = g.rms_norm(v, eps)
+        a = attention(g, q, k, v, B.wo, B.bo, kq_scale, None if mask_of is None else mask_of(il))
+        if B.attn_post_norm is not None:
+            a = norm(g, a, B.attn_post_norm, None, eps, norm_kind)
+        x = g.add(a, x)
         h = norm(g, x, B.ln2_w, B.ln2_b, eps, norm_kind)
         h = ffn(g, h, B.up, B.up_b, B.gate, B.gate_b, B.down, B.down_b, ffn_op)
+        if B.ffn_post_norm is not None:
+            h = norm(g, h, B.ffn_post_norm, None, eps, norm_kind)
         x = g.add(x, h)
     if post_ln[0] is not None:
         x = norm(g, x, post_ln[0], post_ln[1], eps, norm_kind)
