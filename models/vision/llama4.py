@@ -60,9 +60,7 @@ class Llama4(LlavaAnyres):
         self.patch_embd = w.get("v.patch_embd.weight", (p * p * 3, e))
         self.class_embd = w.get("v.class_embd", (e,))
         self.pos_embd = w.get("v.position_embd.weight", (e, n_pos))
-        self.pre_ln = (w.get("v.pre_ln.weight", (e,), required=False), w.get("v.pre_ln.bias", (e,), required=False))
-        self.post_ln = (w.get("v.post_ln.weight", (e,), required=False),
-                        w.get("v.post_ln.bias", (e,), required=False))
+        self.pre_ln, self.post_ln = vit.norm_weights(w, "pre_ln", e), vit.norm_weights(w, "post_ln", e)
         self.blocks = [vit.Block(w, i, e, cfg.n_ff) for i in range(cfg.n_layer)]
         s = self.merge
         mlp1 = w.get("mm.model.mlp.1.weight")

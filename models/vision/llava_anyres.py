@@ -48,19 +48,11 @@ class LlavaAnyres(Family):
         self.patch_bias = w.get("v.patch_embd.bias", (e,), required=False)
         self.class_embd = w.get("v.class_embd", (e,))
         self.pos_embd = w.get("v.position_embd.weight", (e, n_pos))
-        self.pre_ln = (w.get("v.pre_ln.weight", (e,), required=False), w.get("v.pre_ln.bias", (e,), required=False))
-        self.post_ln = (w.get("v.post_ln.weight", (e,), required=False),
-                        w.get("v.post_ln.bias", (e,), required=False))
+        self.pre_ln, self.post_ln = vit.norm_weights(w, "pre_ln", e), vit.norm_weights(w, "post_ln", e)
         # feature layer -2: the last block is never run
         self.blocks = [vit.Block(w, i, e, cfg.n_ff) for i in range(cfg.n_layer - 1)]
-        mm0 = w.get("mm.0.weight")
-        t0 = mm0.ne[1]
-        self.mm0 = w.get("mm.0.weight", (e, t0))
-        self.mm0_b = w.get("mm.0.bias", (t0,))
-        mm2 = w.get("mm.2.weight")
-        self.n_embd_out = mm2.ne[1]
-        self.mm2 = w.get("mm.2.weight", (t0, self.n_embd_out))
-        self.mm2_b = w.get("mm.2.bias", (self.n_embd_out,))
+        self.mm0, self.mm0_b, self.mm2, self.mm2_b = vit.mlp_weights(w, "mm.0", "mm.2", e)
+        self.n_embd_out = self.mm2.ne[1]
 
     # -- preprocessing -------------------------------------------------------------
 

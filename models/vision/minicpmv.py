@@ -57,9 +57,7 @@ class MiniCPMV(Family):
         self.patch_embd = w.get("v.patch_embd.weight", (p, p, 3, e))
         self.patch_bias = w.get("v.patch_embd.bias", (e,), required=False)
         self.pos_embd = w.get("v.position_embd.weight", (e, POS_GRID * POS_GRID))
-        self.pre_ln = (w.get("v.pre_ln.weight", (e,), required=False), w.get("v.pre_ln.bias", (e,), required=False))
-        self.post_ln = (w.get("v.post_ln.weight", (e,), required=False),
-                        w.get("v.post_ln.bias", (e,), required=False))
+        self.pre_ln, self.post_ln = vit.norm_weights(w, "pre_ln", e), vit.norm_weights(w, "post_ln", e)
         self.blocks = [vit.Block(w, i, e, cfg.n_ff) for i in range(cfg.n_layer)]
         q = w.get("resampler.query")
         t = q.ne[0]

@@ -75,18 +75,10 @@ class Qwen3VL(QwenVLBase):
         if self.n_per_side ** 2 != pos.ne[1]:
             raise ModelError(f"{self.path}: v.position_embd.weight has {pos.ne[1]} positions, not a square grid")
         self.pos_embd = w.get("v.position_embd.weight", (e, pos.ne[1]))
-        self.pre_ln = (w.get("v.pre_ln.weight", (e,), required=False), w.get("v.pre_ln.bias", (e,), required=False))
-        self.post_ln = (w.get("v.post_ln.weight", (e,), required=False),
-                        w.get("v.post_ln.bias", (e,), required=False))
+        self.pre_ln, self.post_ln = vit.norm_weights(w, "pre_ln", e), vit.norm_weights(w, "post_ln", e)
         self.blocks = [Block(w, i, e, cfg.n_ff) for i in range(cfg.n_layer)]
-        mm0 = w.get("mm.0.weight")
-        t = mm0.ne[1]
-        self.mm0 = w.get("mm.0.weight", (4 * e, t))
-        self.mm0_b = w.get("mm.0.bias", (t,))
-        mm2 = w.get("mm.2.weight")
-        self.n_embd_main = mm2.ne[1]
-        self.mm2 = w.get("mm.2.weight", (t, self.n_embd_main))
-        self.mm2_b = w.get("mm.2.bias", (self.n_embd_main,))
+        self.mm0, self.mm0_b, self.mm2, self.mm2_b = vit.mlp_weights(w, "mm.0", "mm.2", 4 * e)
+        self.n_embd_main = self.mm2.ne[1]
         for b in self.blocks:
             if b.deepstack and b.ds_fc2.ne[1] != self.n_embd_main:
                 raise ModelError(f"{self.path}: deepstack features of {b.ds_fc2.ne[1]} dims, "
