@@ -37,7 +37,5 @@ def shift(seq: Sequence, memory, model, n_ctx: int, n_bos: int) -> bool:
     n_keep, n_discard = discard(n_past, n_ctx, n_keep)
     if not memory.context_shift(seq.slot, n_keep, n_discard, n_past, model):
         return False
-    del seq.tokens[n_keep:n_keep + n_discard]
-    seq.n_computed -= n_discard
-    seq.n_discarded += n_discard
+    seq.discard(n_keep, n_discard)
     return True

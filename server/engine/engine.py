@@ -8,13 +8,12 @@ rows are sampled. A failure ends only the requests it concerns (an error
 TokenEvent), rolling back what the step recorded. Only one thread may call the
 engine at a time; the asyncio service applies add/cancel between steps.
 
-Parts, one job each: loader.py (files, devices), prefix_cache.py (slots, reuse),
-scheduler.py (plans), image_store.py / image_encoder.py (embeddings),
-batch.py (rows), graph_runner.py (ggml), memory.py (KV + recurrent state),
-kernel_parity.py (llama.cpp's kernel per row).
+The parts, one job each, are the modules and subpackages beside this one
+(docs/architecture.md).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from itertools import accumulate
@@ -34,7 +33,9 @@ from ggserve.server.engine.memory.kv_cache import MAX_SEQS
 from ggserve.server.engine.loader import LoadedModel
 from ggserve.server.engine.memory.model_memory import Memory, context_sizes
 from ggserve.server.engine.pooling import Pool, from_gguf
+from ggserve.server.engine.memory import slot_files
 from ggserve.server.engine.memory.prefix_cache import PrefixCache
+from ggserve.server.engine.memory.snapshot import layout as snapshot_layout
 from ggserve.server.engine.request_checks import check_request
 from ggserve.server.request_errors import ContextLengthExceeded  # noqa: F401  (re-exported)
 from ggserve.server.engine.sampling.sampler import SamplingParams, sample_batch
@@ -158,7 +159,7 @@ class Engine:
         if not plan.chunks:
             return events
         if plan.encode is not None:
-            self._count_miss(plan.encode)
+            self.images.miss(plan.encode)
             self.encoder.start(plan.encode.key, plan.encode.tile)
         batch = assemble(plan.chunks, self._use_tiles(plan), self.n_pos)
         seqs, counts = batch.per_sequence()
@@ -177,7 +178,7 @@ class Engine:
         first = list(accumulate(counts, initial=0))
         cells_of = {id(c): cells[first[i]:first[i + 1]] for i, c in enumerate(plan.chunks) if c.draft}
         for c in plan.chunks:
-            c.seq.n_computed += c.n          # a drafted chunk takes back its rejected rows (_verify)
+            c.seq.advance(c.n)          # a drafted chunk takes back its rejected rows (_verify)
         events += [progress_event(c.seq) for c in plan.chunks if c.seq.request.progress and c.start < c.seq.n_prompt]
         events += self._sample(batch.out_chunks, logits, cells_of)
         events += self._pool(batch, self.runner.last_hidden)
@@ -237,7 +238,7 @@ class Engine:
         self.spec.record(seq, len(draft), accepted)
         if len(results) < c.n:
             self.memory.drop(cells[len(results):])
-            seq.n_computed -= c.n - len(results)
+            seq.forget(c.n - len(results))
         events = [self._event(seq, r, None) for r in results[:-1]]
         return events + [self._on_token(seq, results[-1], reason)]
 
@@ -258,22 +259,12 @@ class Engine:
         return events
 
     def _use_tiles(self, plan: StepPlan) -> ImageStore:
-        """The tiles the chunks reach are stored: count each as a cache hit once
-        (unless it was encoded for this request), and drop their pixels (the store
-        keeps them while their sequences live)."""
+        """The store, with the tiles the chunks reach counted (ImageStore.reach)."""
         for c in plan.chunks:
             for span in c.seq.images:
                 if span.start < c.start + c.n and span.end > c.start:
-                    if not span.counted:
-                        span.counted = True
-                        self.images.hits += 1
-                    span.tile = None
+                    self.images.reach(span)
         return self.images
-
-    def _count_miss(self, span) -> None:
-        if not span.counted:
-            span.counted = True
-            self.images.misses += 1
 
     def _collect_tile(self, wait: bool = False) -> list[TokenEvent]:
         """Store a tile the encoder finished (kept even if its request is gone)."""
@@ -292,7 +283,7 @@ class Engine:
         """No row can run without this tile: wait for the tile in flight, or encode it here."""
         if not self.encoder.idle():
             return self._collect_tile(wait=True)
-        self._count_miss(span)
+        self.images.miss(span)
         try:
             emb = self.encoder.encode_now(span.tile)
         except Exception as e:
@@ -370,18 +361,34 @@ class Engine:
         self.loaded.survive_worker_loss()
 
     def memory_report(self) -> str:
-        lines = []
-        mem = self.memory.nbytes_by_device()
-        for dev in self.backend.devices:
-            c = self.backend.compute_bytes.get(dev.name, 0)
-            if self.vision is not None:
-                c += self.vision.backend.compute_bytes.get(dev.name, 0)
-            lines.append(f"{dev.name} ({dev.description}): weights {self.loaded.weight_bytes(dev) / 2**20:.1f} MiB, "
-                         f"KV cache {mem.get(dev.name, 0) / 2**20:.1f} MiB, compute {c / 2**20:.1f} MiB")
-        if self.vision is not None:
-            lines.append(f"vision ({self.vision.projector}): weights {self.vision.nbytes / 2**20:.1f} MiB "
-                         f"(included above); compute reserved for its largest image")
-        return "\n".join(lines)
+        return self.loaded.memory_report(self.memory.nbytes_by_device())
+
+    # -- slots, between steps: llama-server's /slots actions ----------------------
+
+    def slot_running(self, slot: int) -> bool:
+        return slot in self.slots.running
+
+    def erase_slot(self, slot: int) -> int:
+        """Forget what an idle slot holds. -> tokens erased."""
+        return self.slots.erase(slot)
+
+    def save_slot(self, slot: int, path: str) -> tuple[int, int] | None:
+        """An idle slot's tokens and memory to a slot file. -> (tokens, bytes written),
+        None when it holds no tokens."""
+        snap = self.slots.snapshot(slot)
+        if snap is None:
+            return None
+        return snap.n, slot_files.save(path, snap, self._fingerprint, snapshot_layout(self.memory))
+
+    def restore_slot(self, slot: int, path: str) -> tuple[int, int]:
+        """A slot file into an idle slot. -> (tokens restored, tokens in the file):
+        fewer restored when the KV cache has no room for them."""
+        snap = slot_files.load(path, self._fingerprint, snapshot_layout(self.memory), self.n_ctx)
+        return self.slots.load(slot, snap), snap.n
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:
+        return slot_files.model_fingerprint(self.loaded.gguf)
 
     def close(self):
         self.spec.close()

@@ -194,6 +194,20 @@ class LoadedModel:
             n += self.vision.nbytes
         return n
 
+    def memory_report(self, kv_bytes: dict[str, int]) -> str:
+        """Weights, KV cache (kv_bytes by device name) and reserved compute per device."""
+        lines = []
+        for dev in self.backend.devices:
+            c = self.backend.compute_bytes.get(dev.name, 0)
+            if self.vision is not None:
+                c += self.vision.backend.compute_bytes.get(dev.name, 0)
+            lines.append(f"{dev.name} ({dev.description}): weights {self.weight_bytes(dev) / 2**20:.1f} MiB, "
+                         f"KV cache {kv_bytes.get(dev.name, 0) / 2**20:.1f} MiB, compute {c / 2**20:.1f} MiB")
+        if self.vision is not None:
+            lines.append(f"vision ({self.vision.projector}): weights {self.vision.nbytes / 2**20:.1f} MiB "
+                         f"(included above); compute reserved for its largest image")
+        return "\n".join(lines)
+
     def close(self) -> None:
         if self.vision is not None:
             self.vision.close()

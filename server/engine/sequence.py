@@ -89,6 +89,25 @@ class Sequence:
     def id(self) -> str:
         return self.request.id
 
+    # n_computed (how many of its tokens its slot's memory holds) changes only here
+    def start_from(self, n_cached: int) -> None:
+        """Its first n_cached tokens are in its slot already: a cached or shared prefix."""
+        self.n_computed = self.n_cached = n_cached
+
+    def advance(self, n: int) -> None:
+        """A step computed n more of its tokens."""
+        self.n_computed += n
+
+    def forget(self, n: int) -> None:
+        """Its last n computed rows left memory (the rejected rows of a draft)."""
+        self.n_computed -= n
+
+    def discard(self, start: int, n: int) -> None:
+        """A context shift dropped n tokens from start, in memory and here."""
+        del self.tokens[start:start + n]
+        self.n_computed -= n
+        self.n_discarded += n
+
     @property
     def n_pending(self) -> int:
         """Tokens not yet in the KV cache (the last sampled token while decoding)."""

@@ -13,8 +13,6 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ggserve.server.engine.memory import snapshot as memory_snapshot
-
 from ggserve.server.engine.memory import slot_files
 from ggserve.server.api.errors import APIError, invalid
 
@@ -27,7 +25,6 @@ class SlotsAPI:
         self.api = api
         self.enabled = enabled
         self.save_path = save_path
-        self._model = None           # the model's fingerprint, computed on first use
 
     async def list(self, request: Request) -> JSONResponse:
         if not self.enabled:
@@ -50,7 +47,7 @@ class SlotsAPI:
             raise invalid("Invalid slot ID")
         action = request.query_params.get("action")
         if action == "erase":
-            n = await self._when_idle(slot, lambda e: e.slots.erase(slot))
+            n = await self._when_idle(slot, lambda e: e.erase_slot(slot))
             return JSONResponse({"id_slot": slot, "n_erased": n})
         if action not in ("save", "restore"):
             raise invalid("Invalid action")
@@ -59,38 +56,24 @@ class SlotsAPI:
         path = slot_files.path_in(self.save_path, filename)
         t0 = time.perf_counter()
         if action == "save":
-            n, n_bytes = await self._when_idle(slot, lambda e: self._save(e, slot, path))
-            return JSONResponse({"id_slot": slot, "filename": filename, "n_saved": n, "n_written": n_bytes,
+            saved = await self._when_idle(slot, lambda e: e.save_slot(slot, path))
+            if saved is None:
+                raise invalid(f"slot {slot} holds no tokens to save")
+            return JSONResponse({"id_slot": slot, "filename": filename, "n_saved": saved[0], "n_written": saved[1],
                                  "timings": {"save_ms": (time.perf_counter() - t0) * 1000}})
-        n, n_bytes = await self._when_idle(slot, lambda e: self._restore(e, slot, path))
-        return JSONResponse({"id_slot": slot, "filename": filename, "n_restored": n, "n_read": n_bytes,
+        n, n_file = await self._when_idle(slot, lambda e: e.restore_slot(slot, path))
+        if n != n_file:
+            raise APIError(503, f"no room in the KV cache for {n_file} tokens")
+        return JSONResponse({"id_slot": slot, "filename": filename, "n_restored": n, "n_read": os.path.getsize(path),
                              "timings": {"restore_ms": (time.perf_counter() - t0) * 1000}})
 
     async def _when_idle(self, slot: int, fn):
+        """fn(engine) on the engine thread once the slot is idle (llama-server defers it too)."""
         while True:
-            out = await self.api.service.on_engine(lambda e: _BUSY if slot in e.slots.running else fn(e))
+            out = await self.api.service.on_engine(lambda e: _BUSY if e.slot_running(slot) else fn(e))
             if out is not _BUSY:
                 return out
             await asyncio.sleep(WAIT_S)
-
-    def _fingerprint(self, engine) -> str:
-        if self._model is None:
-            self._model = slot_files.model_fingerprint(engine.loaded.gguf)
-        return self._model
-
-    def _save(self, engine, slot: int, path: str):
-        snap = engine.slots.snapshot(slot)
-        if snap is None:
-            raise invalid(f"slot {slot} holds no tokens to save")
-        n_bytes = slot_files.save(path, snap, self._fingerprint(engine), memory_snapshot.layout(engine.memory))
-        return snap.n, n_bytes
-
-    def _restore(self, engine, slot: int, path: str):
-        snap = slot_files.load(path, self._fingerprint(engine), memory_snapshot.layout(engine.memory), engine.n_ctx)
-        n = engine.slots.load(slot, snap)
-        if n != snap.n:
-            raise APIError(503, f"no room in the KV cache for {snap.n} tokens")
-        return n, os.path.getsize(path)
 
 
 def _listing(engine) -> list:

@@ -66,11 +66,18 @@ class ImageStore:
         self._pins += collections.Counter()      # drop zero counts
         self._evict()
 
-    def count(self, span) -> None:
-        """Count a request's use of a tile once: found (hit) or to be encoded (miss)."""
-        if span.key in self._items:
+    def reach(self, span) -> None:
+        """A chunk reached this stored tile: a hit, counted once per request (not
+        when it was encoded for that request); its pixels are no longer needed."""
+        if not span.counted:
+            span.counted = True
             self.hits += 1
-        else:
+        span.tile = None
+
+    def miss(self, span) -> None:
+        """This request's tile must be encoded: a miss, counted once."""
+        if not span.counted:
+            span.counted = True
             self.misses += 1
 
     def _evict(self) -> None:

@@ -98,7 +98,7 @@ class PrefixCache:
             reuse = 0
             self.memory.keep(slot, 0, 0)
         seq.slot = slot
-        seq.n_computed = seq.n_cached = reuse
+        seq.start_from(reuse)
         self.running[slot] = seq
 
     def _choose(self, free: list[int], usable: list[int], n_prompt: int) -> int:
@@ -189,7 +189,7 @@ class PrefixCache:
             ready = _whole_images(b, min(best, leader.n_computed))
             if ready - b.n_computed >= SHARE_MIN_TOKENS and \
                     self.memory.take_prefix(leader.slot, b.slot, ready, _cut_position(b, ready)):
-                b.n_computed = b.n_cached = ready
+                b.start_from(ready)
             if leader.n_computed < best:
                 held.add(b.id)
         return frozenset(held)
