@@ -23,37 +23,32 @@ from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from ggserve.server.api.cors import CORS
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ggserve.server.api.anthropic import messages as anthropic_api
-
-from ggserve.server.api.llama import chat_page
-
-from ggserve.server.api.vertex import predict as gcp_api
-
-from ggserve.server.api.llama import completion as native_api
-
-from ggserve.server.api.openai import responses as responses_api
-
 from ggserve.server.api import stream_resume
-from ggserve.server.api.prefix import ApiPrefix
+from ggserve.server.api.anthropic import messages as anthropic_api
 from ggserve.server.api.common import API, is_poll
-from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
+from ggserve.server.api.cors import CORS
 from ggserve.server.api.errors import APIError, exception_handlers, to_api_error
-from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
+from ggserve.server.api.llama import chat_page
+from ggserve.server.api.llama import completion as native_api
 from ggserve.server.api.llama.infill import infill
-from ggserve.server.api.media import MediaConfig
-from ggserve.server.service.metrics import Metrics
-from ggserve.server.api.openapi import openapi
 from ggserve.server.api.llama.rerank import rerank
+from ggserve.server.api.llama.slots import SlotsAPI
+from ggserve.server.api.media import MediaConfig
+from ggserve.server.api.openai import responses as responses_api
+from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
+from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
+from ggserve.server.api.openapi import openapi
+from ggserve.server.api.prefix import ApiPrefix
+from ggserve.server.api.stream_resume import StreamResume, StreamSessions
+from ggserve.server.api.vertex import predict as gcp_api
+from ggserve.server.engine.config import EngineConfig
+from ggserve.server.service.metrics import Metrics
 from ggserve.server.service.service import Service
 from ggserve.server.service.sleep import Sleeper
-from ggserve.server.api.stream_resume import StreamResume, StreamSessions
-from ggserve.server.api.llama.slots import SlotsAPI
-from ggserve.server.engine.config import EngineConfig
 
 log = logging.getLogger("ggserve.server")
 

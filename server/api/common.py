@@ -13,7 +13,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ggserve.models.tokenizer.pretokenize import drop
-
 from ggserve.server.api import schemas as S
 from ggserve.server.api.errors import APIError, invalid
 from ggserve.server.api.limits import json_object, key_matches

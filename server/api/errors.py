@@ -15,7 +15,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ggserve.models.chat_template import TemplateError
-
 from ggserve.server.request_errors import RequestError
 from ggserve.server.service.errors import EngineFailed, QueueFull, ServiceError, Unavailable
 

@@ -257,7 +257,7 @@ async def load_image(url: str, config: MediaConfig,
     if not config.fetch_enabled:
         raise MediaError("Fetching images from URLs is disabled on this server; send the "
                          "image as a base64 data: URL.", "invalid_image_url")
-    from ggserve.server.api.media_fetch import fetch      # network code only where a URL is fetched
+    from ggserve.server.api.media_fetch import fetch  # network code only where a URL is fetched
     data, content_type = await fetch(url, config, client)
     declared = None
     if content_type:

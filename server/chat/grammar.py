@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-
 # One worker computes next-step masks beside the forward pass (llguidance drops the GIL).
 _POOL = ThreadPoolExecutor(1, thread_name_prefix="ggserve-grammar")
 

@@ -8,9 +8,9 @@ import functools
 from dataclasses import dataclass, field
 
 from ggserve.server.chat import output as co
-from ggserve.server.request_errors import InvalidOption
 from ggserve.server.chat.grammar import GrammarError, Grammars
 from ggserve.server.chat.tools.grammar import tool_call_lark
+from ggserve.server.request_errors import InvalidOption
 
 
 @dataclass

@@ -19,11 +19,19 @@ import secrets
 from dataclasses import dataclass, field
 
 from ggserve.server.chat.json_scan import Malformed, skip_ws
-from ggserve.server.chat.tools.formats import DeepSeekR1, Generic, Hermes, KimiK2, Llama3, MistralNemo, _NameArgs, detect  # noqa: F401
+from ggserve.server.chat.tools.formats import (  # noqa: F401
+    DeepSeekR1,
+    Generic,
+    Hermes,
+    KimiK2,
+    Llama3,
+    MistralNemo,
+    _NameArgs,
+    detect,
+)
 from ggserve.server.chat.tools.gemma4 import Gemma4
-from ggserve.server.chat.tools.xml import Glm45, Qwen3Coder
-from ggserve.server.chat.tools.xml import Harmony
 from ggserve.server.chat.tools.syntax import _ID_CHARS, Format, Parsed, held
+from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
 
 # the formats are chosen and named through this module (grammar.py, chat_options.py)
 __all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "KimiK2", "Llama3",

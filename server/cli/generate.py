@@ -7,7 +7,7 @@ import sys
 import time
 
 from ggserve.server.default_model import default_model
-from ggserve.server.engine.engine import EngineConfig, Engine, Request
+from ggserve.server.engine.engine import Engine, EngineConfig, Request
 from ggserve.server.engine.sampling.sampler import SamplingParams
 
 

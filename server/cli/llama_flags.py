@@ -13,7 +13,12 @@ import socket
 
 from ggserve.server.api.prefix import normalized as normalized_prefix
 from ggserve.server.cli.log_flags import add_log_flags
-from ggserve.server.cli.sampling_flags import add_sampling_flags, check_sampling_flags, default_grammar, sampling_flag_defaults
+from ggserve.server.cli.sampling_flags import (
+    add_sampling_flags,
+    check_sampling_flags,
+    default_grammar,
+    sampling_flag_defaults,
+)
 
 _SEED_RANDOM = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
 

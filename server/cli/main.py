@@ -12,11 +12,20 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
-from ggserve.server.cli.llama_flags import (FlagParser, add_llama_flags, api_keys, check_llama_flags,
-                                        llama_flag_settings, llama_argv, reasoning_kwargs, sampling_defaults, tags)
-from ggserve.server.default_model import default_model
-from ggserve.server.cli.log_flags import setup_logging
 from ggserve.server.api.limits import add_limit_flags
+from ggserve.server.cli.llama_flags import (
+    FlagParser,
+    add_llama_flags,
+    api_keys,
+    check_llama_flags,
+    llama_argv,
+    llama_flag_settings,
+    reasoning_kwargs,
+    sampling_defaults,
+    tags,
+)
+from ggserve.server.cli.log_flags import setup_logging
+from ggserve.server.default_model import default_model
 from ggserve.server.engine.speculative.speculator import TYPES, SpecConfig
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
@@ -228,8 +237,8 @@ def _spec_flags(p) -> None:
 
 
 def config_from_args(args):
-    from ggserve.server.app import ServerConfig
     from ggserve.server.api.media import MediaConfig
+    from ggserve.server.app import ServerConfig
 
     model = args.model or default_model()
     if model is None:

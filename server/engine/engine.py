@@ -23,25 +23,26 @@ import numpy as np
 from ggserve.native import ggml
 from ggserve.server.engine.batch import assemble
 from ggserve.server.engine.config import EngineConfig
-from ggserve.server.engine.context_shift import shift as shift_context, supported as context_shift_supported
+from ggserve.server.engine.context_shift import shift as shift_context
+from ggserve.server.engine.context_shift import supported as context_shift_supported
 from ggserve.server.engine.graph_runner import GraphRunner
 from ggserve.server.engine.images.encoder import BACKGROUND_THREADS, ImageEncoder
-from ggserve.server.engine.memory.host_cache import HostCache
 from ggserve.server.engine.images.store import ImageStore
 from ggserve.server.engine.kernel_parity import KernelParity
-from ggserve.server.engine.memory.kv_cache import MAX_SEQS
 from ggserve.server.engine.loader import LoadedModel
-from ggserve.server.engine.memory.model_memory import Memory, context_sizes
-from ggserve.server.engine.pooling import Pool, from_gguf
 from ggserve.server.engine.memory import slot_files
+from ggserve.server.engine.memory.host_cache import HostCache
+from ggserve.server.engine.memory.kv_cache import MAX_SEQS
+from ggserve.server.engine.memory.model_memory import Memory, context_sizes
 from ggserve.server.engine.memory.prefix_cache import PrefixCache
 from ggserve.server.engine.memory.snapshot import layout as snapshot_layout
+from ggserve.server.engine.pooling import Pool, from_gguf
 from ggserve.server.engine.request_checks import check_request
-from ggserve.server.request_errors import ContextLengthExceeded  # noqa: F401  (re-exported)
 from ggserve.server.engine.sampling.sampler import SamplingParams, sample_batch
 from ggserve.server.engine.scheduler import Scheduler, StepPlan
 from ggserve.server.engine.sequence import Request, Sequence, TokenEvent, progress_event
 from ggserve.server.engine.speculative.speculator import SpecConfig, Speculator
+from ggserve.server.request_errors import ContextLengthExceeded  # noqa: F401  (re-exported)
 
 __all__ = ["Engine", "EngineConfig", "Request", "TokenEvent", "ContextLengthExceeded", "SamplingParams"]
 

@@ -1,8 +1,8 @@
 """What the engine checks of a request before it queues it, once."""
 from __future__ import annotations
 
-from ggserve.server.request_errors import ContextLengthExceeded
 from ggserve.server.engine.sequence import Request
+from ggserve.server.request_errors import ContextLengthExceeded
 
 
 def check_request(request: Request, *, n_ctx: int, n_pos: int, n_vocab: int, n_batch: int,

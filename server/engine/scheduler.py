@@ -27,7 +27,6 @@ from typing import Callable
 
 from ggserve.server.engine.sequence import Sequence
 
-
 # smallest prompt chunk a capped step still takes: flash attention pads shorter
 # pieces of a long prompt to 64 rows anyway (models.inputs / kv_cache)
 MIN_PROMPT_ROWS = 64

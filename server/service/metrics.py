@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
-                               Histogram, generate_latest)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.0, 5.0, 10.0, 30.0)

@@ -19,10 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from ggserve.server.chat.prompts import Prompt, PromptBuilder
 from ggserve.server.service.errors import EngineFailed, QueueFull, ServiceError, Unavailable
 from ggserve.server.service.jobs import Choice, Job
 from ggserve.server.service.metrics import Metrics
-from ggserve.server.chat.prompts import Prompt, PromptBuilder
 
 log = logging.getLogger("ggserve.server")
 

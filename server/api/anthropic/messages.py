@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api import schemas as S
-from ggserve.server.api.common import API
 from ggserve.server.api.anthropic.items import error_response, message
 from ggserve.server.api.anthropic.stream import events
 from ggserve.server.api.chat_answer import collect
+from ggserve.server.api.common import API
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.openai.generation import named_frame, request_prompt, sse, submit_chat
 

@@ -15,11 +15,11 @@ from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
-from ggserve.server.chat.options import compile_grammar, completion_options
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.openai.generation import sse, unless_disconnected
-from ggserve.server.service.jobs import Job
+from ggserve.server.chat.options import compile_grammar, completion_options
 from ggserve.server.chat.prompts import Prompt
+from ggserve.server.service.jobs import Job
 
 # llama-server's sampler chain and the defaults of the samplers this server refuses to
 # change (server/api/schemas.py unsupported()), so `generation_settings` reads as its own.

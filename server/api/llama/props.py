@@ -10,7 +10,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ggserve.models.chat_template import IMAGE_MARKER
-
 from ggserve.server.api.errors import APIError
 from ggserve.server.api.llama.completion import NativeCompletionRequest, generation_settings
 

@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api.common import API
-from ggserve.server.api.openai.embeddings import embed
 from ggserve.server.api.errors import APIError, invalid
+from ggserve.server.api.openai.embeddings import embed
 from ggserve.server.engine.pooling import rank_score
 from ggserve.server.request_errors import ContextLengthExceeded
 

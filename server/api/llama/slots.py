@@ -13,8 +13,8 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ggserve.server.engine.memory import slot_files
 from ggserve.server.api.errors import APIError, invalid
+from ggserve.server.engine.memory import slot_files
 
 _BUSY = object()
 WAIT_S = 0.05

@@ -18,10 +18,10 @@ from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api.common import API
 from ggserve.server.api.errors import APIError, invalid
-from ggserve.server.engine.pooling import normalize
 from ggserve.server.chat.prompts import Prompt
-from ggserve.server.request_errors import ContextLengthExceeded
+from ggserve.server.engine.pooling import normalize
 from ggserve.server.engine.sampling.sampler import SamplingParams
+from ggserve.server.request_errors import ContextLengthExceeded
 
 
 async def embeddings_oai(api: API, request: Request) -> Response:

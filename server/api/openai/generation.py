@@ -11,11 +11,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
-from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar, completion_options
-from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.api.errors import APIError, invalid, to_api_error
 from ggserve.server.api.limits import TimedStreamingResponse, check_messages
 from ggserve.server.api.media import MediaError, load_image
+from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar, completion_options
+from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.chat.prompts import Prompt
 from ggserve.server.request_errors import RequestError
 from ggserve.server.service.jobs import Job

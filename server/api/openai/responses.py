@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api import schemas as S
-from ggserve.server.api.common import API
 from ggserve.server.api.chat_answer import collect
+from ggserve.server.api.common import API
 from ggserve.server.api.errors import APIError, invalid
 from ggserve.server.api.openai.generation import named_frame, request_prompt, sse, submit_chat
 from ggserve.server.api.openai.responses_items import ResponseStore, Turn, output_items

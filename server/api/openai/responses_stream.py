@@ -15,8 +15,8 @@ import asyncio
 
 from ggserve.server.api.chat_answer import Answer, finished
 from ggserve.server.api.errors import to_api_error
-from ggserve.server.service.jobs import Job
 from ggserve.server.api.openai.responses_items import Turn, call_item, message_item, new_id, output_text, reasoning_item
+from ggserve.server.service.jobs import Job
 
 
 class _Output:

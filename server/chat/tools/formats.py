@@ -6,10 +6,9 @@ import json
 import re
 
 from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
-from ggserve.server.chat.tools.syntax import Call, Format, _Incomplete, _dumps, _expect, json_call
 from ggserve.server.chat.tools.gemma4 import Gemma4
+from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
 from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
-
 
 
 class Hermes(Format):

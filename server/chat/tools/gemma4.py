@@ -13,7 +13,7 @@ import json
 import re
 
 from ggserve.server.chat.json_scan import Malformed
-from ggserve.server.chat.tools.syntax import Call, Format, _Incomplete, _expect, held
+from ggserve.server.chat.tools.syntax import Call, Format, _expect, _Incomplete, held
 
 QUOTE = '<|"|>'
 _SCALAR = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")

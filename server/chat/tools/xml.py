@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
-from ggserve.server.chat.tools.syntax import Call, Format, Parsed, _Incomplete, _dumps, _expect, _typed, held
+from ggserve.server.chat.tools.syntax import Call, Format, Parsed, _dumps, _expect, _Incomplete, _typed, held
 
 
 class _XmlParams(Format):

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ggserve.server.engine.sampling.llama_rng import LlamaRng
 from ggserve.server.engine.sampling.filters import sorted_ids, top_k_rows, top_p_count, top_p_prefix, typical_keep
+from ggserve.server.engine.sampling.llama_rng import LlamaRng
 
 # Rows per block for the raw log-softmax: bounds the float32 temporary.
 _LSE_BLOCK = 16
