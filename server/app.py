@@ -23,15 +23,13 @@ from typing import Any, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from ggserve.server.api import stream_resume
 from ggserve.server.api.anthropic import messages as anthropic_api
-from ggserve.server.api.common import API, is_poll
+from ggserve.server.api.common import API
 from ggserve.server.api.cors import CORS
-from ggserve.server.api.errors import APIError, exception_handlers, to_api_error
+from ggserve.server.api.errors import exception_handlers
 from ggserve.server.api.llama import chat_page
 from ggserve.server.api.llama import completion as native_api
 from ggserve.server.api.llama.infill import infill
@@ -43,6 +41,7 @@ from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_o
 from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
 from ggserve.server.api.openapi import openapi
 from ggserve.server.api.prefix import ApiPrefix
+from ggserve.server.api.routing import Router
 from ggserve.server.api.stream_resume import StreamResume, StreamSessions
 from ggserve.server.api.vertex import predict as gcp_api
 from ggserve.server.engine.config import EngineConfig
@@ -114,34 +113,17 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     if cfg.sleep_idle_seconds > 0:
         from ggserve.server.api.llama.props import props
         api.sleeper = Sleeper(service, cfg.sleep_idle_seconds, lambda: props(api))
-    sleeper = api.sleeper
+    sessions = StreamSessions()                               # streams kept under X-Conversation-Id
+    app = Starlette(routes=_routes(api, Router(api), sessions), middleware=_middleware(cfg, sessions),
+                    lifespan=_lifespan(service, api.sleeper), exception_handlers=exception_handlers)
+    app.state.service = service
+    app.state.metrics = metrics
+    app.state.config = cfg
+    return app
 
-    def route(path, fn, methods, name, errors=None):
-        """errors: APIError -> Response, for APIs with their own error shape (Anthropic's)."""
-        async def endpoint(request: Request) -> Response:
-            poll = is_poll(name, request.method)
-            try:
-                if service.draining:
-                    raise APIError(503, "Server is shutting down", code="shutting_down",
-                                   headers={"Retry-After": "5"})
-                api.check_auth(request)
-                if sleeper is None or poll:
-                    response = await fn(request)
-                else:
-                    await sleeper.enter()
-                    try:
-                        response = await fn(request)
-                    finally:
-                        sleeper.leave()
-            except Exception as e:
-                err = to_api_error(e)
-                response = errors(err) if errors else err.response()
-            if not poll:
-                metrics.requests.labels(name, str(response.status_code)).inc()
-            return response
-        return Route(path, endpoint, methods=methods, name=f"{name}:{path}")
 
-    routes = []
+def _routes(api: API, route: Router, sessions: StreamSessions) -> list[Route]:
+    cfg, routes = api.cfg, []
     for paths, fn, methods, name in [
         (("/health", "/v1/health"), api.health, ["GET"], "health"),
         (("/v1/models", "/models"), api.models, ["GET"], "models"),
@@ -168,10 +150,12 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     routes += responses_api.routes(api, route)       # /v1/responses
     routes += anthropic_api.routes(api, route)       # /v1/messages
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
-    sessions = StreamSessions()                               # streams kept under X-Conversation-Id
     routes += stream_resume.routes(sessions, route)           # /v1/stream, /v1/streams/lookup
     routes += gcp_api.routes(routes, route, api.health)      # /predict, with AIP_MODE=PREDICTION
+    return routes
 
+
+def _lifespan(service: Service, sleeper: Sleeper | None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await service.start()
@@ -183,16 +167,14 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
             if sleeper is not None:
                 await sleeper.stop()
             await service.close()
+    return lifespan
 
+
+def _middleware(cfg: ServerConfig, sessions: StreamSessions) -> list[Middleware]:
     middleware = []
     if cfg.cors_origins:
         middleware.append(Middleware(CORS, origins=cfg.cors_origins))     # server/api/cors.py: as llama-server
     middleware.append(Middleware(StreamResume, sessions=sessions))       # server/api/stream_resume.py
     if cfg.api_prefix:                                                    # server/api/prefix.py, outermost
         middleware.insert(0, Middleware(ApiPrefix, prefix=cfg.api_prefix))
-    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
-                    exception_handlers=exception_handlers)
-    app.state.service = service
-    app.state.metrics = metrics
-    app.state.config = cfg
-    return app
+    return middleware
