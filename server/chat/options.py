@@ -83,45 +83,38 @@ def chat_options(req, cfg, template_source: str) -> ChatOptions:
     names = _tool_names(tools) if tools else []
     if choice == "none":
         tools = None
-    forced: list[str] = []
-    if choice == "required":
-        if not tools:
-            raise InvalidOption("tool_choice \"required\" needs tools", param="tool_choice")
-        forced = names
-    elif isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
-        if choice.get("type") != "function" or not isinstance(name, str):
-            raise InvalidOption("tool_choice must be \"none\", \"auto\", \"required\" or "
-                          "{\"type\": \"function\", \"function\": {\"name\"}}", param="tool_choice")
-        if name not in names:
-            raise InvalidOption(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        forced = [name]
+    forced = _forced_tools(choice, tools, names)
     # a named tool_choice forces exactly one call
     opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
                        parallel=req.parallel_tool_calls and not isinstance(choice, dict))
     opts.syntax = co.detect(template_source)(tools)
     if tools:
         opts.fmt = opts.syntax
+    _constrain(opts, req, cfg, forced)
+    return opts
 
-    asked = []
-    rf = req.response_format
-    if rf is not None:
-        kind = rf.get("type")
-        if kind == "json_object":
-            schema = rf.get("schema") or {"type": "object"}
-            asked.append(("json_schema", schema))
-        elif kind == "json_schema":
-            js = rf.get("json_schema")
-            schema = js.get("schema") if isinstance(js, dict) else None
-            if schema is None:
-                schema = rf.get("schema")
-            if not isinstance(schema, dict):
-                raise InvalidOption("response_format json_schema needs json_schema.schema (an object)",
-                              param="response_format")
-            asked.append(("json_schema", schema))
-        elif kind != "text":
-            raise InvalidOption("response_format.type must be text, json_object or json_schema",
-                          param="response_format")
+
+def _forced_tools(choice, tools: list | None, names: list[str]) -> list[str]:
+    """The tools tool_choice makes the answer call: all with "required", the named one, else none."""
+    if choice == "required":
+        if not tools:
+            raise InvalidOption("tool_choice \"required\" needs tools", param="tool_choice")
+        return names
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise InvalidOption("tool_choice must be \"none\", \"auto\", \"required\" or "
+                          "{\"type\": \"function\", \"function\": {\"name\"}}", param="tool_choice")
+        if name not in names:
+            raise InvalidOption(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        return [name]
+    return []
+
+
+def _constrain(opts: ChatOptions, req, cfg, forced: list[str]) -> None:
+    """The one grammar the answer runs under: response_format, json_schema, grammar or the
+    forced tool calls, else --grammar / --json-schema when no tools are on."""
+    asked = _response_format_grammar(req.response_format)
     if req.json_schema is not None:
         asked.append(("json_schema", req.json_schema))
     if req.grammar:
@@ -136,9 +129,30 @@ def chat_options(req, cfg, template_source: str) -> ChatOptions:
                       param="response_format")
     if asked:
         opts.grammar_kind, opts.grammar_text = asked[0]
-    elif not tools and getattr(cfg, "default_grammar", None):      # --grammar / --json-schema
+    elif not opts.tools and getattr(cfg, "default_grammar", None):      # --grammar / --json-schema
         opts.grammar_kind, opts.grammar_text = cfg.default_grammar
-    return opts
+
+
+def _response_format_grammar(rf) -> list[tuple[str, object]]:
+    """response_format's JSON schema as [("json_schema", schema)]; [] for text or none."""
+    if rf is None:
+        return []
+    kind = rf.get("type")
+    if kind == "json_object":
+        return [("json_schema", rf.get("schema") or {"type": "object"})]
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if schema is None:
+            schema = rf.get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidOption("response_format json_schema needs json_schema.schema (an object)",
+                          param="response_format")
+        return [("json_schema", schema)]
+    if kind != "text":
+        raise InvalidOption("response_format.type must be text, json_object or json_schema",
+                      param="response_format")
+    return []
 
 
 def completion_options(req, cfg) -> ChatOptions:

@@ -16,10 +16,10 @@ from starlette.responses import JSONResponse, Response
 from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
 from ggserve.server.api.errors import invalid
-from ggserve.server.api.openai.generation import sse, unless_disconnected
-from ggserve.server.chat.options import compile_grammar, completion_options
+from ggserve.server.api.openai.delivery import Collected, collect, sse
+from ggserve.server.api.openai.generation import completion_sampling
 from ggserve.server.chat.prompts import Prompt
-from ggserve.server.service.jobs import Job
+from ggserve.server.service.jobs import Delta, Job
 
 # llama-server's sampler chain and the defaults of the samplers this server refuses to
 # change (server/api/schemas.py unsupported()), so `generation_settings` reads as its own.
@@ -170,10 +170,7 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
         raise invalid(f"{bad} is not supported by this server", param=bad)
     n = req.n_choices
     api.check_n(n)
-    params = api.sampling(req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
-    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req, api.cfg))
-    for p in params:
-        p.grammar = grammar
+    params = await completion_sampling(api, req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
     job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
                                    n_keep=api.n_keep(req),
                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
@@ -185,75 +182,87 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
                  prompts: list[list[int]]) -> Response:
     """Run the prompts, n_cmpl (n) times each; answer in llama-server's native shape (a list
     for several answers, prompt by prompt, `index` running over all)."""
-    n_cmpl = req.n_choices
-    prompts = [p for p in prompts for _ in range(n_cmpl)]
+    prompts = [p for p in prompts for _ in range(req.n_choices)]
     job, choice_params = await submit(api, req, prompts)
-    tok = api.engine.tokenizer
-    k = req.n_probs or 0
-    model = api.cfg.alias or api.cfg.model
-    settings = [generation_settings(api, req, p) for p in choice_params]      # seeds differ
-    n = len(prompts)
-    texts: list[list[str]] = [[] for _ in range(n)]
+    native = NativeAnswer(api, req, job, prompts, choice_params)
+    if not req.stream:
+        return JSONResponse(native.whole(await collect(request, job, len(prompts))))
+    return sse(job, native.frames(), end="")
 
-    def final(i: int, content: str, ids: list[int], lps: list, finish) -> dict:
-        c = job.choices[i]
-        kind, word = stop_type(job, i, finish)
+
+class NativeAnswer:
+    """One job's answer in llama-server's shape: what each of its objects repeats, and how
+    each is made, whole or streamed."""
+
+    def __init__(self, api: API, req: NativeCompletionRequest, job: Job, prompts: list[list[int]],
+                 choice_params: list):
+        self.api, self.req, self.job, self.prompts = api, req, job, prompts
+        self.tok = api.engine.tokenizer
+        self.k = req.n_probs or 0
+        self.model = api.cfg.alias or api.cfg.model
+        self.settings = [generation_settings(api, req, p) for p in choice_params]      # seeds differ
+
+    def final(self, i: int, content: str, text: str, ids: list[int], lps: list, finish) -> dict:
+        """Choice i's last object (`text`: all it generated)."""
+        req, c = self.req, self.job.choices[i]
+        n_prompt = c.n_prompt or len(self.prompts[i])
+        kind, word = stop_type(self.job, i, finish)
         out = {"index": i, "content": content, "tokens": ids, "id_slot": 0, "stop": True,
-               "model": model, "tokens_predicted": c.n_tokens, "tokens_evaluated": c.n_prompt or len(prompts[i]),
-               "generation_settings": settings[i % n_cmpl], "prompt": tok.decode(prompts[i]),
-               "has_new_line": "\n" in "".join(texts[i]), "truncated": False,
+               "model": self.model, "tokens_predicted": c.n_tokens, "tokens_evaluated": n_prompt,
+               "generation_settings": self.settings[i % req.n_choices], "prompt": self.tok.decode(self.prompts[i]),
+               "has_new_line": "\n" in text, "truncated": False,
                "stop_type": kind, "stopping_word": word,
-               "tokens_cached": (c.n_prompt or len(prompts[i])) + max(c.n_tokens - 1, 0),
-               "timings": job.choice_timings(i)}
-        if k and not req.stream:          # a stream sent them with each token
-            out["completion_probabilities"] = probs(api, lps, k, req.post_sampling_probs)
+               "tokens_cached": n_prompt + max(c.n_tokens - 1, 0),
+               "timings": self.job.choice_timings(i)}
+        if self.k and not req.stream:          # a stream sent them with each token
+            out["completion_probabilities"] = probs(self.api, lps, self.k, req.post_sampling_probs)
         return out
 
-    if not req.stream:
-        ids: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list] = [[] for _ in range(n)]
-        finish: list = [None] * n
+    def whole(self, got: Collected) -> dict | list[dict]:
+        """The whole answer: one object, or a list of them for several."""
+        outs = []
+        for i in range(len(self.prompts)):
+            ids = [t for t, _, _ in got.logprobs[i]]
+            eog = self.job.choices[i].eog_token
+            if eog is not None:          # llama-server lists the EOS token among `tokens`
+                ids.append(eog)
+            text = got.text(i)
+            outs.append(self.final(i, text, text, ids if self.req.return_tokens else [], got.logprobs[i],
+                                   got.finish[i]))
+        if self.req.response_fields:
+            outs = [response_fields(o, self.req.response_fields) for o in outs]
+        return outs[0] if len(outs) == 1 else outs
 
-        async def collect():
-            async for i, d in job:
-                texts[i].append(d.text)
-                lps[i].extend(d.logprobs)
-                ids[i].extend(t for t, _, _ in d.logprobs)
-                finish[i] = d.finish_reason or finish[i]
-
-        await unless_disconnected(request, job, collect())
-        for i, c in enumerate(job.choices):      # llama-server lists the EOS token among `tokens`
-            if c.eog_token is not None:
-                ids[i].append(c.eog_token)
-        outs = [final(i, "".join(texts[i]), ids[i] if req.return_tokens else [], lps[i], finish[i])
-                for i in range(n)]
-        if req.response_fields:
-            outs = [response_fields(o, req.response_fields) for o in outs]
-        return JSONResponse(outs[0] if n == 1 else outs)
-
-    async def events():
-        async for i, d in job:
+    async def frames(self):
+        """The stream: progress and token frames as they come, each choice's final object last."""
+        texts: list[list[str]] = [[] for _ in self.prompts]
+        async for i, d in self.job:
             texts[i].append(d.text)
-            c = job.choices[i]
             if d.progress:
-                chunk = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1,
-                         "tokens_predicted": 0, "tokens_evaluated": c.n_prompt, "prompt_progress": d.progress}
-                if req.timings_per_token:
-                    chunk["timings"] = progress_timings(job.choice_timings(i), d.progress)
-                yield chunk
+                yield self.progress_frame(i, d)
             if d.text or d.logprobs:
-                chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
-                         "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
-                         "tokens_evaluated": c.n_prompt or len(prompts[i])}
-                if req.timings_per_token:
-                    chunk["timings"] = job.choice_timings(i)
-                if k:
-                    chunk["completion_probabilities"] = probs(api, d.logprobs, k, req.post_sampling_probs)
-                yield chunk
+                yield self.token_frame(i, d)
             if d.finish_reason:
-                yield final(i, "", [], [], d.finish_reason)
+                yield self.final(i, "", "".join(texts[i]), [], [], d.finish_reason)
 
-    return sse(job, events(), end="")
+    def progress_frame(self, i: int, d: Delta) -> dict:
+        chunk = {"index": i, "content": "", "tokens": [], "stop": False, "id_slot": -1,
+                 "tokens_predicted": 0, "tokens_evaluated": self.job.choices[i].n_prompt,
+                 "prompt_progress": d.progress}
+        if self.req.timings_per_token:
+            chunk["timings"] = progress_timings(self.job.choice_timings(i), d.progress)
+        return chunk
+
+    def token_frame(self, i: int, d: Delta) -> dict:
+        c = self.job.choices[i]
+        chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
+                 "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
+                 "tokens_evaluated": c.n_prompt or len(self.prompts[i])}
+        if self.req.timings_per_token:
+            chunk["timings"] = self.job.choice_timings(i)
+        if self.k:
+            chunk["completion_probabilities"] = probs(self.api, d.logprobs, self.k, self.req.post_sampling_probs)
+        return chunk
 
 
 def text_logit_bias(tok, body: dict) -> dict:

@@ -2,23 +2,23 @@
 whole or streamed as server-sent events."""
 from __future__ import annotations
 
-import asyncio
-import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
-from ggserve.server.api.errors import APIError, invalid, to_api_error
-from ggserve.server.api.limits import TimedStreamingResponse, check_messages
+from ggserve.server.api.errors import invalid
+from ggserve.server.api.limits import check_messages
 from ggserve.server.api.media import MediaError, load_image
+# named_frame and unless_disconnected: imported from here by /v1/responses, /v1/messages, chat_answer
+from ggserve.server.api.openai.delivery import Collected, collect, named_frame, sse, unless_disconnected  # noqa: F401
 from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar, completion_options
 from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.chat.prompts import Prompt
 from ggserve.server.request_errors import RequestError
-from ggserve.server.service.jobs import Job
+from ggserve.server.service.jobs import Delta, Job
 
 
 def continuation(req: S.ChatCompletionRequest, msgs: list[dict]) -> tuple[bool, bool]:
@@ -119,6 +119,30 @@ async def chat_input_tokens(api: API, request: Request) -> Response:
                          "object": "response.input_tokens"})
 
 
+# what the chat and text answers share -----------------------------------------------
+
+class Head(NamedTuple):
+    """What every part of one answer repeats."""
+    id: str
+    model: str
+    created: int
+
+
+def new_head(prefix: str, api: API) -> Head:
+    rid, created = S.new_id(prefix), S.now()
+    return Head(rid, api.model_id(), created)
+
+
+def job_usage(job: Job) -> dict:
+    return S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)
+
+
+def usage_chunk(head: Head, object_type: str, job: Job) -> dict:
+    """A stream's last chunk with include_usage: the usage, and the timings as llama-server."""
+    return {**S.usage_chunk(head.id, head.model, head.created, object_type, job_usage(job)),
+            "timings": job.timings}
+
+
 async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
     """A chat request -> its queued Job: the one generation path that
     /v1/chat/completions, /v1/responses and /v1/messages share."""
@@ -142,82 +166,80 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
 
 
 async def chat(api: API, request: Request) -> Response:
+    """POST /v1/chat/completions: the whole answer, or its chunks streamed."""
     req = await chat_request(api, request)
     job = await submit_chat(api, req)
-    k = req.top_logprobs or 0
-    rid, created, model = S.new_id("chatcmpl"), S.now(), api.model_id()
-
-    def lp_entries(entries):
-        return [S.chat_logprob_entry(raw, lp, top[:k])
-                for raw, lp, top in api.logprob_tokens(entries)]
-
+    head = new_head("chatcmpl", api)
     if not req.stream:
-        texts = [[] for _ in range(req.n)]
-        reasoning = [[] for _ in range(req.n)]
-        lps = [[] for _ in range(req.n)]
-        finish = [None] * req.n
+        got = await collect(request, job, req.n)
+        return JSONResponse(chat_completion_object(api, req, job, head, got))
+    return sse(job, chat_chunks(api, req, job, head))
 
-        async def collect():
-            async for i, d in job:
-                texts[i].append(d.text)
-                reasoning[i].append(d.reasoning)
-                if req.logprobs:
-                    lps[i].extend(lp_entries(d.logprobs))
-                if d.finish_reason:
-                    finish[i] = d.finish_reason
 
-        await unless_disconnected(request, job, collect())
-        choices = []
-        for i in range(req.n):
-            calls = job.choices[i].output.calls if job.choices[i].output else []
-            text = "".join(texts[i])
-            choices.append(S.chat_choice(i, None if calls and not text else text, finish[i],
-                                         lps[i] if req.logprobs else None,
-                                         "".join(reasoning[i]), calls))
-        out = {**S.chat_completion(rid, model, created, choices,
-                                   S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)),
-               "timings": job.timings}
-        if req.verbose if req.verbose is not None else getattr(api.cfg, "verbose", False):
-            # llama-server's debug copy of the answer in its native shape (the prompt as its tokens read)
-            out["__verbose"] = {"content": "".join(texts[0]), "prompt": api.engine.tokenizer.decode(job.prompts[0]),
-                                "tokens_predicted": job.choices[0].n_tokens, "tokens_evaluated": len(job.prompts[0]),
-                                "timings": job.timings}
-        return JSONResponse(out)
+def chat_logprobs(api: API, req: S.ChatCompletionRequest, entries) -> list[dict]:
+    """A chat answer's `logprobs.content` entries, top_logprobs alternatives each."""
+    k = req.top_logprobs or 0
+    return [S.chat_logprob_entry(raw, lp, top[:k]) for raw, lp, top in api.logprob_tokens(entries)]
 
+
+def chat_completion_object(api: API, req: S.ChatCompletionRequest, job: Job, head: Head, got: Collected) -> dict:
+    """The whole chat.completion: each choice's message, usage and timings."""
+    choices = []
+    for i in range(req.n):
+        calls = job.choices[i].output.calls if job.choices[i].output else []
+        text = got.text(i)
+        choices.append(S.chat_choice(i, None if calls and not text else text, got.finish[i],
+                                     chat_logprobs(api, req, got.logprobs[i]) if req.logprobs else None,
+                                     got.reasoning_text(i), calls))
+    out = {**S.chat_completion(head.id, head.model, head.created, choices, job_usage(job)),
+           "timings": job.timings}
+    if req.verbose if req.verbose is not None else getattr(api.cfg, "verbose", False):
+        out["__verbose"] = verbose_copy(api, job, got.text(0))
+    return out
+
+
+def verbose_copy(api: API, job: Job, content: str) -> dict:
+    """llama-server's debug copy of the answer in its native shape (the prompt as its tokens read)."""
+    return {"content": content, "prompt": api.engine.tokenizer.decode(job.prompts[0]),
+            "tokens_predicted": job.choices[0].n_tokens, "tokens_evaluated": len(job.prompts[0]),
+            "timings": job.timings}
+
+
+async def chat_chunks(api: API, req: S.ChatCompletionRequest, job: Job, head: Head):
+    """The chat.completion.chunk stream: each choice's role first, then each delta's chunks,
+    the usage last when asked."""
     usage_on = req.include_usage
 
-    async def events():
-        for i in range(req.n):
-            yield S.chat_chunk(rid, model, created, i,
-                               {"role": "assistant", "content": None},   # as llama-server (OpenAI: "" or null)
-                               with_usage=usage_on)
-        async for i, d in job:
-            step = []
-            if d.progress:
-                step.append({**S.chat_chunk(rid, model, created, i, {"role": "assistant", "content": None},
-                                            with_usage=usage_on), "prompt_progress": d.progress})
-            if d.reasoning:
-                step.append(S.chat_chunk(rid, model, created, i, {"reasoning_content": d.reasoning},
-                                         with_usage=usage_on))
-            if d.text or (req.logprobs and d.logprobs):
-                step.append(S.chat_chunk(rid, model, created, i, {"content": d.text} if d.text else {},
-                                         logprobs=lp_entries(d.logprobs) if req.logprobs else None,
-                                         with_usage=usage_on))
-            if d.tool_calls:
-                step.append(S.chat_chunk(rid, model, created, i, {"tool_calls": d.tool_calls},
-                                         with_usage=usage_on))
-            if d.finish_reason:
-                step.append(S.chat_chunk(rid, model, created, i, {}, finish=d.finish_reason,
-                                         with_usage=usage_on))
-            for chunk in step:
-                if req.timings_per_token:
-                    chunk["timings"] = job.timings
-                yield chunk
-        if usage_on:
-            yield {**S.usage_chunk(rid, model, created, "chat.completion.chunk", S.usage(
-                job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings}   # as llama-server
+    def chunk(i: int, delta: dict, **fields) -> dict:
+        return S.chat_chunk(head.id, head.model, head.created, i, delta, with_usage=usage_on, **fields)
 
-    return sse(job, events())
+    for i in range(req.n):
+        yield chunk(i, {"role": "assistant", "content": None})   # as llama-server (OpenAI: "" or null)
+    async for i, d in job:
+        for c in delta_chunks(api, req, i, d, chunk):
+            if req.timings_per_token:
+                c["timings"] = job.timings
+            yield c
+    if usage_on:
+        yield usage_chunk(head, "chat.completion.chunk", job)     # as llama-server
+
+
+def delta_chunks(api: API, req: S.ChatCompletionRequest, i: int, d: Delta, chunk) -> list[dict]:
+    """One delta of choice i as chunks: prompt progress, reasoning, content (and its logprobs),
+    tool calls, the finish reason, in that order."""
+    step = []
+    if d.progress:
+        step.append({**chunk(i, {"role": "assistant", "content": None}), "prompt_progress": d.progress})
+    if d.reasoning:
+        step.append(chunk(i, {"reasoning_content": d.reasoning}))
+    if d.text or (req.logprobs and d.logprobs):
+        step.append(chunk(i, {"content": d.text} if d.text else {},
+                          logprobs=chat_logprobs(api, req, d.logprobs) if req.logprobs else None))
+    if d.tool_calls:
+        step.append(chunk(i, {"tool_calls": d.tool_calls}))
+    if d.finish_reason:
+        step.append(chunk(i, {}, finish=d.finish_reason))
+    return step
 
 # completions ------------------------------------------------------------------------
 
@@ -242,126 +264,87 @@ def completion_prompts(api: API, req: S.CompletionRequest) -> list[list[int]]:
             out.append(list(x))
     return out
 
-async def completions(api: API, request: Request) -> Response:
+
+async def completion_request(api: API, request: Request) -> S.CompletionRequest:
     req = S.CompletionRequest.model_validate(await api.json_body(request))
     api.settle_fields(req)
     api.check_n(req.n)
-    if req.n_probs and req.logprobs is None:
+    if req.n_probs and req.logprobs is None:      # llama.cpp's spelling of logprobs
         req.logprobs = req.n_probs
-    prompts = completion_prompts(api, req)
-    if len(prompts) * req.n > api.cfg.n_parallel:
-        raise invalid(f"prompts × n must be at most {api.cfg.n_parallel}", param="n")
-    want_lp = req.logprobs is not None
-    k = req.logprobs or 0
-    params = api.sampling(req, max(k, 1) if want_lp else 0, req.n)
+    return req
+
+
+async def completion_sampling(api: API, req, n_probs: int, n: int) -> list:
+    """The sampling parameters of a prompt's n choices, each under the request's grammar
+    (json_schema or grammar, else --grammar / --json-schema); /completion's too."""
+    params = api.sampling(req, n_probs, n)
     grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req, api.cfg))
     for p in params:
         p.grammar = grammar
+    return params
+
+
+async def completions(api: API, request: Request) -> Response:
+    """POST /v1/completions: each prompt answered n times, whole or streamed."""
+    req = await completion_request(api, request)
+    prompts = completion_prompts(api, req)
+    if len(prompts) * req.n > api.cfg.n_parallel:
+        raise invalid(f"prompts × n must be at most {api.cfg.n_parallel}", param="n")
+    n_probs = max(req.logprobs or 0, 1) if req.logprobs is not None else 0
+    params = await completion_sampling(api, req, n_probs, req.n)
     per_choice = [p for p in prompts for _ in range(req.n)]
     job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
                                     n_keep=api.n_keep(req))
-    rid, created, model = S.new_id("cmpl"), S.now(), api.model_id()
+    head = new_head("cmpl", api)
+    echo = echoes(api, req, per_choice)
+    if not req.stream:
+        got = await collect(request, job, len(per_choice))
+        return JSONResponse(text_completion_object(api, req, job, head, echo, got))
+    return sse(job, completion_chunks(api, req, job, head, echo))
+
+
+def echoes(api: API, req: S.CompletionRequest, per_choice: list[list[int]]) -> list[str]:
+    """What each choice's text starts with: with `echo`, its prompt (as sent, when one string)."""
     tok = api.engine.tokenizer
     echo = [tok.decode(p) if req.echo else "" for p in per_choice]
     if req.echo and isinstance(req.prompt, str):
         echo = [req.prompt] * len(per_choice)
+    return echo
 
-    def lp_obj(entries, offset):
-        tokens = [(raw, lp, top[:k]) for raw, lp, top in api.logprob_tokens(entries)]
-        return S.completion_logprobs(tokens, offset)
 
-    n = len(per_choice)
-    if not req.stream:
-        texts = [[e] for e in echo]
-        lps = [[] for _ in range(n)]
-        finish = [None] * n
+def completion_logprobs(api: API, req: S.CompletionRequest, entries, offset: int) -> dict | None:
+    """A choice's `logprobs` object from text offset `offset` on; None unless logprobs was asked."""
+    if req.logprobs is None:
+        return None
+    k = req.logprobs or 0
+    tokens = [(raw, lp, top[:k]) for raw, lp, top in api.logprob_tokens(entries)]
+    return S.completion_logprobs(tokens, offset)
 
-        async def collect():
-            async for i, d in job:
-                texts[i].append(d.text)
-                lps[i].extend(d.logprobs)
-                if d.finish_reason:
-                    finish[i] = d.finish_reason
 
-        await unless_disconnected(request, job, collect())
-        choices = [S.completion_choice(i, "".join(texts[i]), finish[i],
-                                       lp_obj(lps[i], len(echo[i])) if want_lp else None)
-                   for i in range(n)]
-        return JSONResponse({**S.completion(
-            rid, model, created, choices,
-            S.usage(job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings})
+def text_completion_object(api: API, req: S.CompletionRequest, job: Job, head: Head, echo: list[str],
+                           got: Collected) -> dict:
+    """The whole text_completion: each choice's text after its echo, usage and timings."""
+    choices = [S.completion_choice(i, echo[i] + got.text(i), got.finish[i],
+                                   completion_logprobs(api, req, got.logprobs[i], len(echo[i])))
+               for i in range(len(echo))]
+    return {**S.completion(head.id, head.model, head.created, choices, job_usage(job)), "timings": job.timings}
 
+
+async def completion_chunks(api: API, req: S.CompletionRequest, job: Job, head: Head, echo: list[str]):
+    """The text_completion stream: the echoes first, a chunk per delta, the usage last when asked."""
     usage_on = req.include_usage
 
-    async def events():
-        offsets = [len(e) for e in echo]
-        for i, e in enumerate(echo):
-            if e:
-                yield S.completion_chunk(rid, model, created,
-                                         S.completion_choice(i, e, None, None), usage_on)
-        async for i, d in job:
-            lp = lp_obj(d.logprobs, offsets[i]) if want_lp else None
-            offsets[i] += len(d.text)
-            yield S.completion_chunk(
-                rid, model, created,
-                S.completion_choice(i, d.text, d.finish_reason, lp), usage_on)
-        if usage_on:
-            yield {**S.usage_chunk(rid, model, created, "text_completion", S.usage(
-                job.prompt_tokens, job.completion_tokens, job.cached_tokens)), "timings": job.timings}
+    def chunk(choice: dict) -> dict:
+        return S.completion_chunk(head.id, head.model, head.created, choice, usage_on)
 
-    return sse(job, events())
-
-
-def frame(obj) -> str:
-    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
-
-
-def named_frame(obj) -> str:
-    """An SSE event named by the object's `type` (the Responses and Anthropic streams)."""
-    return f"event: {obj['type']}\n" + frame(obj)
-
-
-def sse(job: Job, events, framer=frame, end: str = "data: [DONE]\n\n") -> StreamingResponse:
-    """Frame events as SSE; `end` last. The job is cancelled whenever the
-    stream ends early (client disconnect cancels this generator)."""
-
-    async def body():
-        try:
-            async for obj in events:
-                yield framer(obj)
-            yield end
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            err = to_api_error(e)
-            yield f"data: {json.dumps(err.body(), ensure_ascii=False)}\n\n"
-            yield end                   # the client can tell an ended stream from a cut one
-        finally:
-            job.close()
-
-    return TimedStreamingResponse(body(), media_type="text/event-stream", headers={
-        "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def unless_disconnected(request: Request, job: Job, work) -> None:
-    """Run `work`; if the client disconnects first, cancel it and the job."""
-
-    async def disconnected():
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
-                return
-
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
-            return
-        task.cancel()
-        raise APIError(499, "Client closed request")
-    finally:
-        watch.cancel()
-        job.close()
+    offsets = [len(e) for e in echo]
+    for i, e in enumerate(echo):
+        if e:
+            yield chunk(S.completion_choice(i, e, None, None))
+    async for i, d in job:
+        lp = completion_logprobs(api, req, d.logprobs, offsets[i])
+        offsets[i] += len(d.text)
+        yield chunk(S.completion_choice(i, d.text, d.finish_reason, lp))
+    if usage_on:
+        yield usage_chunk(head, "text_completion", job)

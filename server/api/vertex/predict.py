@@ -63,59 +63,83 @@ def routes(existing: list, route, health) -> list:
     predict_path = _route_env("AIP_PREDICT_ROUTE", "/predict")
     if predict_path in handlers:
         raise SystemExit(f"ggserve serve: AIP_PREDICT_ROUTE={predict_path} conflicts with a ggserve route")
-    aliases: dict[str, str] = {}
-    for path in handlers:
-        aliases.setdefault(request_format(path), path)       # the first one wins, as llama-server
-
-    async def answer(request: Request, instance) -> object:
-        if not isinstance(instance, dict):
-            return APIError(400, "each instance must be a JSON object").body()
-        fmt = instance.get("@requestFormat")
-        if not isinstance(fmt, str):
-            return APIError(400, "each instance must include a string @requestFormat").body()
-        path = aliases.get(fmt, fmt if fmt in handlers else None)
-        if path is None:
-            return APIError(400, f"no handler registered for @requestFormat: {fmt}").body()
-        payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
-        if "stream" in payload:
-            payload["stream"] = False           # streaming is not part of the predict protocol
-        body = json.dumps(payload).encode()
-        sent = False
-
-        async def receive():
-            nonlocal sent
-            if sent:                  # then, the predict request's own: a disconnect when its client goes
-                return await request.receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        scope = {**request.scope, "path": path, "raw_path": path.encode(), "query_string": b""}
-        response: Response = await handlers[path](Request(scope, receive))
-        data = getattr(response, "body", None)           # (a streamed answer has none)
-        if not data:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError:
-            return data.decode("utf-8", "replace")
-
-    async def predict(request: Request) -> Response:
-        try:
-            data = json.loads(await request.body())
-        except ValueError as e:
-            return APIError(400, str(e)).response()
-        if not isinstance(data, dict):
-            return APIError(400, "request body must be a JSON object").response()
-        instances = data.get("instances")
-        if not isinstance(instances, list):
-            return APIError(400, "request body must include an array field named instances").response()
-        if len(instances) > MAX_INSTANCES:
-            return APIError(400, f"instances array exceeds maximum size of {MAX_INSTANCES}").response()
-        predictions = await asyncio.gather(*(answer(request, i) for i in instances))
-        return JSONResponse({"predictions": list(predictions)})
-
-    out = [route(predict_path, predict, ["POST"], "predict")]
+    out = [route(predict_path, _predict_endpoint(handlers), ["POST"], "predict")]
     health_path = _route_env("AIP_HEALTH_ROUTE", "")
     if health_path:
         out.append(route(health_path, health, ["GET"], "health"))
     return out
+
+
+def _predict_endpoint(handlers: dict):
+    """POST /predict over these handlers (by path): each instance answered by its own."""
+    aliases: dict[str, str] = {}
+    for path in handlers:
+        aliases.setdefault(request_format(path), path)       # the first one wins, as llama-server
+
+    async def predict(request: Request) -> Response:
+        instances = await _instances(request)
+        if isinstance(instances, Response):
+            return instances
+        predictions = await asyncio.gather(*(_prediction(request, i, handlers, aliases) for i in instances))
+        return JSONResponse({"predictions": list(predictions)})
+
+    return predict
+
+
+async def _instances(request: Request) -> list | Response:
+    """The body's `instances`, or the 400 that says what is wrong with it."""
+    try:
+        data = json.loads(await request.body())
+    except ValueError as e:
+        return APIError(400, str(e)).response()
+    if not isinstance(data, dict):
+        return APIError(400, "request body must be a JSON object").response()
+    instances = data.get("instances")
+    if not isinstance(instances, list):
+        return APIError(400, "request body must include an array field named instances").response()
+    if len(instances) > MAX_INSTANCES:
+        return APIError(400, f"instances array exceeds maximum size of {MAX_INSTANCES}").response()
+    return instances
+
+
+async def _prediction(request: Request, instance, handlers: dict, aliases: dict[str, str]) -> object:
+    """One instance's answer from the endpoint its @requestFormat names (its error body, if any)."""
+    if not isinstance(instance, dict):
+        return APIError(400, "each instance must be a JSON object").body()
+    fmt = instance.get("@requestFormat")
+    if not isinstance(fmt, str):
+        return APIError(400, "each instance must include a string @requestFormat").body()
+    path = aliases.get(fmt, fmt if fmt in handlers else None)
+    if path is None:
+        return APIError(400, f"no handler registered for @requestFormat: {fmt}").body()
+    payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
+    if "stream" in payload:
+        payload["stream"] = False           # streaming is not part of the predict protocol
+    response: Response = await handlers[path](_forwarded(request, path, json.dumps(payload).encode()))
+    return _answer_body(response)
+
+
+def _forwarded(request: Request, path: str, body: bytes) -> Request:
+    """The predict request, as a request for `path` carrying `body`."""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:                  # then, the predict request's own: a disconnect when its client goes
+            return await request.receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {**request.scope, "path": path, "raw_path": path.encode(), "query_string": b""}
+    return Request(scope, receive)
+
+
+def _answer_body(response: Response) -> object:
+    """An endpoint's answer as a prediction: its JSON, else its text, else None."""
+    data = getattr(response, "body", None)           # (a streamed answer has none)
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", "replace")
