@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from ggserve.server.api.openai.generation import unless_disconnected
+from ggserve.server.api.delivery import unless_disconnected
 from ggserve.server.service.jobs import Job
 
 

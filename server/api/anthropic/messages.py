@@ -23,8 +23,9 @@ from ggserve.server.api.anthropic.items import error_response, message
 from ggserve.server.api.anthropic.stream import events
 from ggserve.server.api.chat_answer import collect
 from ggserve.server.api.common import API
+from ggserve.server.api.delivery import named_frame, sse
 from ggserve.server.api.errors import invalid
-from ggserve.server.api.openai.generation import named_frame, request_prompt, sse, submit_chat
+from ggserve.server.api.openai.generation import request_prompt, submit_chat
 
 # Fields of the Messages API itself; the others (temperature, top_p, top_k, stream,
 # llama.cpp's own such as grammar or chat_template_kwargs) pass to the chat request.

@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
+from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
-from ggserve.server.api.openai.delivery import Collected, collect, sse
 from ggserve.server.api.openai.generation import completion_sampling
 from ggserve.server.chat.prompts import Prompt
 from ggserve.server.service.jobs import Delta, Job

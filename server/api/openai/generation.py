@@ -9,11 +9,10 @@ from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
+from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.limits import check_messages
 from ggserve.server.api.media import MediaError, load_image
-# named_frame and unless_disconnected: imported from here by /v1/responses, /v1/messages, chat_answer
-from ggserve.server.api.openai.delivery import Collected, collect, named_frame, sse, unless_disconnected  # noqa: F401
 from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar, completion_options
 from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.chat.prompts import Prompt

@@ -18,8 +18,9 @@ from starlette.responses import JSONResponse, Response
 from ggserve.server.api import schemas as S
 from ggserve.server.api.chat_answer import collect
 from ggserve.server.api.common import API
+from ggserve.server.api.delivery import named_frame, sse
 from ggserve.server.api.errors import APIError, invalid
-from ggserve.server.api.openai.generation import named_frame, request_prompt, sse, submit_chat
+from ggserve.server.api.openai.generation import request_prompt, submit_chat
 from ggserve.server.api.openai.responses_items import ResponseStore, Turn, output_items
 from ggserve.server.api.openai.responses_stream import events
 
