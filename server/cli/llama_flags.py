@@ -69,9 +69,28 @@ class _Accepted(argparse.Action):
 
 
 def add_llama_flags(p) -> None:
+    # --help lists the flags in the order they are added
+    _add_refused_flags(p)
+    _add_serving_mode_flags(p)
+    add_sampling_flags(p)
+    add_log_flags(p)
+    _add_request_default_flags(p)
+    _add_client_facing_flags(p)
+    _add_engine_compat_flags(p)
+    _add_load_mode_flags(p)
+    _add_api_and_request_flags(p)
+    _add_runtime_compat_flags(p)
+
+
+def _add_refused_flags(p) -> None:
+    """llama-server features ggserve lacks: hidden from --help, refused by name with the reason."""
     for flag, (n, why) in _REFUSED.items():
         p.add_argument(flag, nargs=n, action=_Refuse, help=argparse.SUPPRESS,
                        dest=f"_refused{flag.replace('-', '_')}")
+
+
+def _add_serving_mode_flags(p) -> None:
+    """What is served and when: reranking, sleeping while idle, thinking."""
     p.add_argument("--reranking", "--rerank", action="store_true",
                    help="serve /rerank (also /reranking, /v1/rerank, /v1/reranking): --embeddings with "
                         "--pooling rank, as llama-server")
@@ -81,16 +100,27 @@ def add_llama_flags(p) -> None:
     p.add_argument("-rea", "--reasoning", type=str.lower, choices=_ON + _OFF + _AUTO, default="auto",
                    metavar="on|off|auto", help="thinking: on/off sets the template's enable_thinking for "
                    "every request (a request's chat_template_kwargs win); auto: as the template does")
-    add_sampling_flags(p)
-    add_log_flags(p)
+
+
+def _add_request_default_flags(p) -> None:
+    """The seed and length of requests that give none."""
     p.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
                    help="default seed of requests that give none (-1: random, the default)")
     p.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N", dest="n_predict",
                    help="default number of tokens to generate for requests that give none (-1: until the context)")
+
+
+def _add_client_facing_flags(p) -> None:
+    """What clients see: the model's tags in /v1/models, the chat page (--no-ui)."""
     p.add_argument("--tags", default="", metavar="STRING",
                    help="model tags, comma-separated, shown in /v1/models (informational)")
     p.add_argument("--no-ui", action="store_true", dest="no_webui", default=argparse.SUPPRESS,
                    help="same as --no-webui (llama-server's spelling)")
+
+
+def _add_engine_compat_flags(p) -> None:
+    """Flags for how llama-server loads, batches, attends, samples and caches that change
+    nothing here (each help says why)."""
     p.add_argument("--offline", action="store_true",
                    help="accepted for llama-server compatibility: ggserve never downloads models")
     p.add_argument("--no-jinja", action="store_true",
@@ -108,6 +138,10 @@ def add_llama_flags(p) -> None:
     p.add_argument("--cache-idle-slots", "--no-cache-idle-slots", nargs=0, action=_Accepted,
                    help="accepted for llama-server compatibility: an idle slot's prompt goes to the host-RAM "
                         "cache when a running sequence needs its KV cells (with --cache-ram), never before")
+
+
+def _add_load_mode_flags(p) -> None:
+    """How the weights are loaded: memory-mapped, read, locked in RAM."""
     p.add_argument("-lm", "--load-mode", choices=LOAD_MODES, default="auto", metavar="MODE",
                    help="how the weights are loaded, as llama-server's: auto or mmap: memory-mapped from the "
                         "file; none or dio: read into memory; mlock: read and kept in RAM; mmap+mlock: "
@@ -116,6 +150,10 @@ def add_llama_flags(p) -> None:
                    help="kept in RAM (earlier llama-server's spelling of --load-mode mmap+mlock)")
     p.add_argument("--mmap", action=argparse.BooleanOptionalAction, default=None,
                    help="--no-mmap: read into memory (earlier llama-server's spelling of --load-mode none)")
+
+
+def _add_api_and_request_flags(p) -> None:
+    """The API's path prefix and key file; --keep and --ignore-eos, defaults of requests."""
     p.add_argument("--api-prefix", default="", metavar="PREFIX",
                    help="serve every endpoint and the chat page under this path (/llama: /llama/v1/models), "
                         "as llama-server, for a reverse proxy that forwards the prefix")
@@ -128,6 +166,10 @@ def add_llama_flags(p) -> None:
     p.add_argument("--api-key-file", metavar="FNAME",
                    help="API keys, one per line (a line starting with # is a comment), as llama-server; "
                         "with --api-key, the keys of both are accepted")
+
+
+def _add_runtime_compat_flags(p) -> None:
+    """More flags that change nothing here: warm-up, HTTP threads, timings, escapes, SWA cache."""
     p.add_argument("--warmup", "--no-warmup", nargs=0, action=_Accepted,
                    help="accepted for llama-server compatibility: ggserve runs no warm-up decode at start")
     p.add_argument("--threads-http", type=int, default=None, metavar="N",
@@ -138,6 +180,7 @@ def add_llama_flags(p) -> None:
                    help="accepted for llama-server compatibility: escapes are for prompts on a command line")
     p.add_argument("--swa-full", action="store_true",
                    help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
+
 
 
 def llama_argv(argv: list[str]) -> list[str]:
