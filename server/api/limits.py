@@ -165,7 +165,7 @@ class TimedStreamingResponse(StreamingResponse):
 
 
 def add_limit_flags(p, flag) -> None:
-    """The command line's flags for these limits (server/cli/main.py's _flag)."""
+    """The command line's flags for these limits (server/cli/serve_flags.py's _flag)."""
     flag(p, "--max-body-mb", env="GGSERVE_MAX_BODY_MB", type=float, default=64, metavar="MB",
          dest="max_body_mb", help="largest request body accepted (larger: 413)")
     flag(p, "-to", "--timeout", env="LLAMA_ARG_TIMEOUT", type=float, default=600, metavar="N",

@@ -56,7 +56,7 @@ class SpecConfig:
 
     @classmethod
     def from_args(cls, args) -> "SpecConfig":
-        """From `ggserve serve`'s flags (server/cli/main.py _spec_flags); a bad value exits naming it."""
+        """From `ggserve serve`'s flags (server/cli/serve_flags.py add_spec_flags); a bad value exits naming it."""
         kind = args.spec_type or ("draft-simple" if args.model_draft else "ngram")
         if args.model_draft and not os.path.exists(args.model_draft):
             raise SystemExit(f"ggserve serve: draft model file not found: {args.model_draft}")
