@@ -30,8 +30,7 @@ from ggserve.server.api.anthropic import messages as anthropic_api
 from ggserve.server.api.common import API
 from ggserve.server.api.cors import CORS
 from ggserve.server.api.errors import exception_handlers
-from ggserve.server.api.llama import chat_page
-from ggserve.server.api.llama import completion as native_api
+from ggserve.server.api.llama import chat_page, completion as native_api
 from ggserve.server.api.llama.infill import infill
 from ggserve.server.api.llama.rerank import rerank
 from ggserve.server.api.llama.slots import SlotsAPI

@@ -23,8 +23,7 @@ import numpy as np
 from ggserve.native import ggml
 from ggserve.server.engine.batch import assemble
 from ggserve.server.engine.config import EngineConfig
-from ggserve.server.engine.context_shift import shift as shift_context
-from ggserve.server.engine.context_shift import supported as context_shift_supported
+from ggserve.server.engine.context_shift import shift as shift_context, supported as context_shift_supported
 from ggserve.server.engine.graph_runner import GraphRunner
 from ggserve.server.engine.images.encoder import BACKGROUND_THREADS, ImageEncoder
 from ggserve.server.engine.images.store import ImageStore
