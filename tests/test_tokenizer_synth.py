@@ -19,7 +19,8 @@ def vocab(request):
 
 
 def test_every_vocabulary_of_the_issue_is_in_the_golden():
-    assert set(VOCABS) == {"qwen2+qwen3_added_tokens", "qwen35+qwen3_added_tokens", "phi-3", "gemma-4",
+    # the golden's second batch (deepseek2, glm4moe, lfm2, ...) adds vocabularies to these
+    assert set(VOCABS) >= {"qwen2+qwen3_added_tokens", "qwen35+qwen3_added_tokens", "phi-3", "gemma-4",
                            "gpt-2", "o200k_harmony"}
 
 
