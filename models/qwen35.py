@@ -43,8 +43,7 @@ class Layer(blocks.Layer):
             self.conv = w.get(p + "ssm_conv1d.weight", (m.d_conv, m.conv_dim))
             self.dt_bias = w.get(p + "ssm_dt.bias", (m.n_v_heads,))
             self.a = w.get(p + "ssm_a", (m.n_v_heads,))                  # -exp(A_log)
-            self.w_beta = w.get(p + "ssm_beta.weight", (m.n_embd, m.n_v_heads))
-            self.w_alpha = w.get(p + "ssm_alpha.weight", (m.n_embd, m.n_v_heads))
+            m.load_gates(self, w, p)
             self.ssm_norm = w.get(p + "ssm_norm.weight", (m.head_v,))
             self.ssm_out = w.get(p + "ssm_out.weight", (m.value_dim, m.n_embd))
         else:
@@ -68,7 +67,7 @@ class Qwen35Model(Decoder):
         hp.read_transformer(self, 1e-6)
         self.read_ffn_hparams(hp)
         self.n_rot = hp.get("rope.dimension_count", self.head_dim)
-        self.sections = tuple(int(s) for s in hp.get("rope.dimension_sections", required=True))[:4]
+        self.read_rope_sections(hp)
         self.rope_base = hp.get("rope.freq_base", 10000.0)
         self.n_ctx_orig = hp.get("context_length", 0)
         self.kq_scale = hp.get("attention.scale", 0.0) or float(np.float32(1) / np.sqrt(np.float32(self.head_dim)))
@@ -92,6 +91,10 @@ class Qwen35Model(Decoder):
         w.embeddings_and_output(self)
         self.layers = [Layer(w, i, self) for i in range(self.n_layer)]
 
+    def read_rope_sections(self, hp: HParams) -> None:
+        """IMROPE's 4 position sections (Qwen3-Next: none, it rotates by NeoX rope)."""
+        self.sections = tuple(int(s) for s in hp.get("rope.dimension_sections", required=True))[:4]
+
     def read_ffn_hparams(self, hp: HParams) -> None:
         """The FFN's hyperparameters beyond n_ff (none here; Qwen3.5-MoE: the experts')."""
 
@@ -108,6 +111,16 @@ class Qwen35Model(Decoder):
         if L.recurrent:
             return self._delta_net(g, inp, il, L, h)
         return self._attention(g, inp, il, L, h)
+
+    def load_gates(self, L: Layer, w: Weights, p: str) -> None:
+        """The delta net's write-strength (beta) and decay (alpha) projections of a
+        recurrent layer (prefix p); Qwen3-Next: one fused matrix."""
+        L.w_beta = w.get(p + "ssm_beta.weight", (self.n_embd, self.n_v_heads))
+        L.w_alpha = w.get(p + "ssm_alpha.weight", (self.n_embd, self.n_v_heads))
+
+    def gates(self, g, inp, L: Layer, h):
+        """-> (beta, alpha) before their activations, each [n_v_heads, n_tokens]."""
+        return inp.mm(g, L.w_beta, h), inp.mm(g, L.w_alpha, h)
 
     def load_ffn(self, L: Layer, w: Weights, i: int) -> None:
         """The FFN's weights of layer i on L (a SwiGLU FFN; Qwen3.5-MoE: experts)."""
@@ -135,8 +148,9 @@ class Qwen35Model(Decoder):
         n = inp.n_tokens
         qkv = inp.mm(g, L.wqkv, h)                                         # [conv_dim, n]
         z = inp.mm(g, L.wz, h)                                             # [value_dim, n]
-        beta = g.sigmoid(inp.mm(g, L.w_beta, h))                           # [n_v_heads, n]
-        decay = g.mul(g.softplus(g.add(inp.mm(g, L.w_alpha, h), L.dt_bias)), L.a)   # [n_v_heads, n]
+        beta, alpha = self.gates(g, inp, L, h)
+        beta = g.sigmoid(beta)                                             # [n_v_heads, n]
+        decay = g.mul(g.softplus(g.add(alpha, L.dt_bias)), L.a)           # [n_v_heads, n]
         conv_states = inp.recurrent.state(g, il, 0)                        # [(d_conv - 1) * conv_dim, n_seqs]
         ssm_states = inp.recurrent.state(g, il, 1)                         # [head_v^2 * n_v_heads, n_seqs]
         outs, new_conv, new_ssm = [], [], []
@@ -166,7 +180,7 @@ class Qwen35Model(Decoder):
         q = g.view(c, (S, n_k, nt, ns), (S * F32, c.nb[1], c.nb[2]), 0)
         k = g.view(c, (S, n_k, nt, ns), (S * F32, c.nb[1], c.nb[2]), self.key_dim * F32)
         v = g.view(c, (hv, n_v, nt, ns), (hv * F32, c.nb[1], c.nb[2]), 2 * self.key_dim * F32)
-        q, k = self._l2_norm(g, q), self._l2_norm(g, k)
+        q, k = self.qk_heads(g, self._l2_norm(g, q), self._l2_norm(g, k))
         gd = g.view(decay, (1, n_v, nt, ns), (F32, n_v * F32, n_v * nt * F32), r0 * n_v * F32)
         gb = g.view(beta, (1, n_v, nt, ns), (F32, n_v * F32, n_v * nt * F32), r0 * n_v * F32)
         state = g.view(ssm_states, (hv, hv, n_v, ns), (hv * F32, hv * hv * F32, ssm_states.nb[1]),
@@ -176,6 +190,11 @@ class Qwen35Model(Decoder):
         out = g.view(res, (self.value_dim, rows), (self.value_dim * F32,), 0)
         ssm_next = g.view(res, (hv * hv * n_v, ns), (hv * hv * n_v * F32,), self.value_dim * rows * F32)
         return out, g.reshape(g.cont(conv_next), k_conv * self.conv_dim, ns), ssm_next
+
+    def qk_heads(self, g, q, k):
+        """q, k [S, n_k_heads, nt, ns] as the delta-net op takes them (Qwen3.5: as they
+        are, the op shares each k-head among the value heads; Qwen3-Next: repeated)."""
+        return q, k
 
     def _l2_norm(self, g, t):
         """llama.cpp's build_gdn_l2_norm: x / ||x|| as an RMS norm scaled by 1/sqrt(n)."""

@@ -21,8 +21,8 @@ class Qwen35MoeModel(Qwen35Model):
     def read_ffn_hparams(self, hp: HParams) -> None:
         n_expert, n_used = hp.get("expert_count", 0), hp.get("expert_used_count", 0)
         if not n_expert or not n_used:
-            raise ModelError(f"{hp.path}: qwen35moe needs qwen35moe.expert_count and "
-                             f"qwen35moe.expert_used_count > 0")
+            raise ModelError(f"{hp.path}: {hp.arch} needs {hp.arch}.expert_count and "
+                             f"{hp.arch}.expert_used_count > 0")
         self.n_ff_exp = hp.get("expert_feed_forward_length", 0) or self.n_ff // n_used
         self.n_ff_shexp = hp.get("expert_shared_feed_forward_length", 0) or self.n_ff
         self.routing = moe.Routing(n_expert, n_used, gating=moe.SOFTMAX, norm_weights=True,

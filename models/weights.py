@@ -40,10 +40,14 @@ class Weights:
 _MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
                  "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                 # MLA (deepseek2) projections; not attn_k_b / attn_v_b: per-head 3-D stacks
+                 "attn_q_a", "attn_q_b", "attn_kv_a_mqa",
                  # stacked experts, multiplied by mul_mat_id (repacked as llama.cpp repacks them)
                  "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                  # gated delta net (qwen35): output gate z, decay, write strength, output
-                 "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out")
+                 "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out",
+                 # qwen3next: beta and alpha in one matrix
+                 "ssm_ba")
 
 
 def matmul_weight_names(names) -> set[str]:

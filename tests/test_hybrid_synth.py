@@ -1,0 +1,204 @@
+"""Issue 31's recurrent/hybrid architectures (qwen3next: gated delta net + gated
+attention + MoE with a gated shared expert; lfm2: short-conv layers + attention)
+against llama.cpp 11434 on their synthetic golden models (../shared/golden/synth:
+random weights, real vocabularies and chat templates): every golden completion and
+chat, the chats rendered and served as llama-server answered them, and the
+recurrent state through batching, chunking and a 3-turn chat reusing its prefix."""
+import httpx
+import pytest
+from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
+from server_harness import RunningServer
+from synth_golden import chat, completions, engine, model_path, steps
+
+from ggserve.models.registry import ModelError, model_class
+from ggserve.models.weights import matmul_weight_names
+from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.app import ServerConfig, create_app
+from ggserve.server.chat.prompts import PromptBuilder
+from ggserve.server.engine.engine import Request
+
+ARCHS = ("qwen3next",)
+NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
+LOGPROB_TOL = 0.01
+CASES = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in completions()["models"][a]]
+CHATS = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in chat()["models"][a]]
+
+
+def _case(arch: str, key: str) -> dict:
+    return next(c for c in completions()["models"][arch] if c["key"] == key)
+
+
+def _gap(step: dict) -> float:
+    top = sorted((t["logprob"] for t in step["top_logprobs"]), reverse=True)
+    return top[0] - top[1]
+
+
+def _assert_same_as_llama_cpp(events, golden: dict) -> None:
+    """Greedy ids equal up to a near tie of llama.cpp's; top-5 logprobs within LOGPROB_TOL up to there."""
+    ours, gold = tokens(events), golden["generated_ids"]
+    i = next((i for i, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
+    if i is not None:
+        step = golden["steps"][i]
+        assert step["probs_available"] and _gap(step) < NEAR_TIE, f"diverged at step {i}: {ours[i]} vs {gold[i]}"
+    else:
+        assert ours == gold
+    n = len(gold) if i is None else i
+    worst = max_logprob_deviation(events[:n], steps(golden)[:n])
+    print(f"max |logprob difference| {worst:.5f}")       # reported with pytest -s
+    assert worst <= LOGPROB_TOL
+
+
+def _same_events(a, b) -> None:
+    """Token for token and logprob for logprob the same (bit for bit)."""
+    assert tokens(a) == tokens(b)
+    assert [e.top_logprobs for e in a] == [e.top_logprobs for e in b]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    made = {}
+    yield lambda arch: made.setdefault(arch, engine(arch, n_parallel=4))
+    for e in made.values():
+        e.close()
+
+
+_SOLO = {}
+
+
+def _solo(engines, arch: str, prompt: list[int], n: int):
+    """prompt run alone on an empty cache, n greedy tokens (cached per prompt)."""
+    key = (arch, tuple(prompt), n)
+    if key not in _SOLO:
+        e = engines(arch)
+        e.clear_cache()
+        _SOLO[key] = generate(e, {"r": prompt}, n)["r"]
+    return _SOLO[key]
+
+
+@pytest.mark.parametrize("arch,case", CASES)
+def test_completion_equals_llama_cpp(engines, arch, case):
+    _assert_same_as_llama_cpp(_solo(engines, arch, case["prompt_ids"], len(case["generated_ids"])), case)
+
+
+@pytest.mark.parametrize("arch,conv", CHATS)
+def test_chat_renders_tokenizes_and_answers_as_llama_server(engines, arch, conv):
+    e = engines(arch)
+    golden = conv["chat_completion"]
+    req = golden["request"]
+    text = e.chat_template.render(req["messages"], add_generation_prompt=True, tools=req.get("tools"))
+    assert text == conv["prompt"]
+    prompt = PromptBuilder.for_engine(e).chat(req["messages"], tools=req.get("tools")).tokens
+    assert prompt == conv["prompt_ids_add_special_parse_special"]
+    assert golden["prompt_tokens"] == len(prompt)
+    _assert_same_as_llama_cpp(_solo(engines, arch, prompt, len(golden["generated_ids"])), golden)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_four_prompts_batched_equal_each_alone(engines, arch):
+    keys = ["capital", "story", "cjk", "long_prose"]          # short ones decode while the long one fills
+    prompts = {k: _case(arch, k)["prompt_ids"] for k in keys}
+    e = engines(arch)
+    e.clear_cache()
+    together = generate(e, prompts, 48)
+    for k in keys:
+        _same_events(together[k], _solo(engines, arch, prompts[k], 48))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_prompt_longer_than_a_batch_equals_it_unbatched(engines, arch):
+    case = _case(arch, "long_code")                            # 849 tokens: 14 chunks of 64
+    chunked = engine(arch, n_batch=64)
+    try:
+        events = generate(chunked, {"r": case["prompt_ids"]}, 48)["r"]
+    finally:
+        chunked.close()
+    whole = engine(arch, n_batch=1024)                         # one batch
+    try:
+        _same_events(events, generate(whole, {"r": case["prompt_ids"]}, 48)["r"])
+    finally:
+        whole.close()
+    _assert_same_as_llama_cpp(events, case)
+
+
+def _chat_request(e, rid: str, messages: list[dict], n: int) -> Request:
+    prompt = PromptBuilder.for_engine(e).chat(messages)
+    return Request(rid, prompt.tokens, GREEDY, max_tokens=n, ignore_eos=True, turn_starts=prompt.turn_starts)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_three_turn_chat_reuses_its_prefix_and_answers_as_fresh(engines, arch):
+    e = engines(arch)
+    turns = [[{"role": "system", "content": "You are a terse assistant."},
+              {"role": "user", "content": "What is 2 + 2?"}]]
+    turns.append(turns[0] + [{"role": "assistant", "content": "4."}, {"role": "user", "content": "And 3 * 5?"}])
+    turns.append(turns[1] + [{"role": "assistant", "content": "15."}, {"role": "user", "content": "And 7 - 1?"}])
+    e.clear_cache()
+    reqs = [_chat_request(e, f"t{i}", messages, 12) for i, messages in enumerate(turns)]
+    answers = [generate_requests(e, [req])[req.id] for req in reqs]      # one after another, one slot
+    assert answers[0][0].n_cached == 0
+    for previous, answer in zip(reqs, answers[1:]):
+        # the prompts part after the previous generation prompt: the state saved
+        # 4 tokens before the previous prompt's end is restored
+        assert answer[0].n_cached == len(previous.prompt) - 4
+    for req, answer in zip(reqs, answers):
+        _same_events(answer, _solo(engines, arch, req.prompt, 12))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_served_chat_equals_llama_servers_message(arch):
+    conv = next(c for c in chat()["models"][arch] if c["key"] == "system_user")
+    golden = conv["chat_completion"]
+    body = {"messages": golden["request"]["messages"], "max_tokens": len(golden["generated_ids"]),
+            "temperature": 0, "logprobs": True, "top_logprobs": 5}
+    cfg = ServerConfig(model=model_path(arch), n_ctx=4096, n_parallel=2, n_batch=512, n_threads=2)
+    with RunningServer(create_app(cfg)) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    choice = out["choices"][0]
+    assert out["usage"]["prompt_tokens"] == golden["prompt_tokens"]
+    assert choice["finish_reason"] == golden["finish_reason"]
+    # the parsed message as llama-server parsed it (content only: no reasoning, no tool calls)
+    assert {k: choice["message"].get(k) for k in golden["message"]} == golden["message"]
+    assert not choice["message"].get("reasoning_content") and not choice["message"].get("tool_calls")
+    ours = choice["logprobs"]["content"]
+    assert b"".join(bytes(t["bytes"]) for t in ours) == b"".join(bytes(s.get("bytes", b"")) for s in golden["steps"])
+    pairs = [(t, s) for t, s in zip(ours, golden["steps"]) if s["probs_available"]]
+    assert max(abs(t["logprob"] - s["logprob"]) for t, s in pairs) <= LOGPROB_TOL
+
+
+# -- the models' structure ---------------------------------------------------------
+
+def _build(arch: str, drop=(), meta_drop=()):
+    path = model_path(arch)
+    f = GGUFFile(path)
+    meta = {k: v for k, v in f.metadata.items() if k not in meta_drop}
+    return model_class(arch, path)(meta, {n: t for n, t in f.tensors.items() if n not in drop}, path)
+
+
+def test_qwen3next_layers_experts_and_state_sizes():
+    m = _build("qwen3next")
+    assert m.is_recurrent == [True, True, True, False]
+    assert (m.routing.n_expert, m.routing.n_used, m.n_ff_exp, m.n_ff_shexp) == (8, 2, 32, 32)
+    specs = m.memory_layers(lambda il: None)
+    # per sequence: 3 conv inputs of 256 channels (q|k|v), a 32x32 state per value head
+    assert specs[0].sizes == (3 * 256, 32 * 32 * 4)
+    assert type(specs[3]).__name__ == "LayerKV" and specs[3].n_embd_k == 32 * 2
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.ssm_ba.weight", "blk.3.attn_q_norm.weight",
+                                    "blk.2.ffn_gate_inp_shexp.weight"])
+def test_qwen3next_missing_tensor_names_file_and_tensor(tensor):
+    with pytest.raises(ModelError, match=rf"synth-qwen3next-.*\.gguf: missing tensor '{tensor}'"):
+        _build("qwen3next", drop={tensor})
+
+
+def test_qwen3next_without_experts_is_a_clear_error():
+    with pytest.raises(ModelError, match=r"qwen3next needs qwen3next.expert_count"):
+        _build("qwen3next", meta_drop={"qwen3next.expert_count"})
+
+
+def test_qwen3next_fused_beta_alpha_is_repacked_as_llama_cpp_repacks_it():
+    names = matmul_weight_names(GGUFFile(model_path("qwen3next")).tensors)
+    assert {"blk.0.ssm_ba.weight", "blk.0.attn_qkv.weight", "blk.0.ssm_out.weight"} <= names
+    assert "blk.0.ssm_conv1d.weight" not in names
