@@ -47,14 +47,16 @@ _MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
                  # gated delta net (qwen35): output gate z, decay, write strength, output
                  "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out",
                  # qwen3next: beta and alpha in one matrix
-                 "ssm_ba")
+                 "ssm_ba",
+                 # lfm2's short-conv layers (not shortconv.conv: the kernel of ssm_conv)
+                 "shortconv.in_proj", "shortconv.out_proj")
 
 
 def matmul_weight_names(names) -> set[str]:
     out = set()
     for name in names:
         parts = name.split(".")
-        if name == "output.weight" or (len(parts) == 4 and parts[0] == "blk" and parts[2] in _MATMUL_PARTS
-                                       and parts[3] == "weight"):
+        if name == "output.weight" or (len(parts) >= 4 and parts[0] == "blk" and ".".join(parts[2:-1]) in
+                                       _MATMUL_PARTS and parts[-1] == "weight"):
             out.add(name)
     return out

@@ -17,7 +17,7 @@ from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.chat.prompts import PromptBuilder
 from ggserve.server.engine.engine import Request
 
-ARCHS = ("qwen3next",)
+ARCHS = ("qwen3next", "lfm2")
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.01
 CASES = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in completions()["models"][a]]
@@ -57,7 +57,7 @@ def _same_events(a, b) -> None:
 @pytest.fixture(scope="module")
 def engines():
     made = {}
-    yield lambda arch: made.setdefault(arch, engine(arch, n_parallel=4))
+    yield lambda arch: made.setdefault(arch, engine(arch, n_ctx=8192, n_parallel=4))   # 2048 per sequence
     for e in made.values():
         e.close()
 
@@ -202,3 +202,30 @@ def test_qwen3next_fused_beta_alpha_is_repacked_as_llama_cpp_repacks_it():
     names = matmul_weight_names(GGUFFile(model_path("qwen3next")).tensors)
     assert {"blk.0.ssm_ba.weight", "blk.0.attn_qkv.weight", "blk.0.ssm_out.weight"} <= names
     assert "blk.0.ssm_conv1d.weight" not in names
+
+
+def test_lfm2_layer_kinds_follow_head_count_kv():
+    m = _build("lfm2")
+    assert m.is_recurrent == [True, False, True, False]       # head_count_kv [0, 1, 0, 1]
+    specs = m.memory_layers(lambda il: None)
+    assert specs[0].sizes == (2 * 32,)                        # the last l_cache - 1 = 2 inputs of 32 channels
+    assert type(specs[1]).__name__ == "LayerKV" and specs[1].n_embd_k == 16
+    assert m.output is m.tok_embd and m.output_norm is not None   # tied; final norm token_embd_norm
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.shortconv.conv.weight", "blk.2.shortconv.in_proj.weight",
+                                    "blk.1.attn_k_norm.weight", "token_embd_norm.weight"])
+def test_lfm2_missing_tensor_names_file_and_tensor(tensor):
+    with pytest.raises(ModelError, match=rf"synth-lfm2-.*\.gguf: missing tensor '{tensor}'"):
+        _build("lfm2", drop={tensor})
+
+
+def test_lfm2_without_conv_length_is_a_clear_error():
+    with pytest.raises(ModelError, match=r"missing metadata 'lfm2.shortconv.l_cache'"):
+        _build("lfm2", meta_drop={"lfm2.shortconv.l_cache"})
+
+
+def test_lfm2_short_conv_projections_are_repacked_as_llama_cpp_repacks_them():
+    names = matmul_weight_names(GGUFFile(model_path("lfm2")).tensors)
+    assert {"blk.0.shortconv.in_proj.weight", "blk.0.shortconv.out_proj.weight", "blk.1.attn_q.weight"} <= names
+    assert "blk.0.shortconv.conv.weight" not in names and "token_embd_norm.weight" not in names
