@@ -19,6 +19,9 @@ from ggserve.models.weights import Weights
 SOFTMAX = "softmax"                  # probabilities over all experts, then top-k
 SIGMOID = "sigmoid"                  # independent sigmoid per expert
 SOFTMAX_WEIGHT = "softmax_weight"    # top-k on raw scores, softmax over the chosen (gpt-oss)
+# `expert_gating_func` in GGUF metadata (llama.cpp's llama_expert_gating_func_type)
+GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT = 1, 2, 3
+GATING_FUNCS = {GATING_SOFTMAX: SOFTMAX, GATING_SIGMOID: SIGMOID, GATING_SOFTMAX_WEIGHT: SOFTMAX_WEIGHT}
 
 SILU = "silu"
 SWIGLU_OAI = "swiglu_oai"            # gpt-oss: clamped SwiGLU, alpha 1.702, limit 7
@@ -37,6 +40,24 @@ class Routing:
     weights_scale: float = 0.0       # 0 or 1: unscaled
     act: str = SILU
     weight_before_ffn: bool = False  # llama4: the input is scaled by its weight before the FFN
+    n_groups: int = 1                # DeepSeek V3: experts in groups, top-k within the best groups
+    n_groups_used: int = 1
+
+    @classmethod
+    def from_hparams(cls, hp, path: str, default_gating: int) -> Routing:
+        """DeepSeek-V3-style routing from llama.cpp's expert_* keys (gating function,
+        weight normalisation and scale, expert groups); `default_gating` when the file
+        names no gating function."""
+        n_expert, n_used = hp.get("expert_count", 0), hp.get("expert_used_count", 0)
+        if not n_expert or not n_used:
+            raise ModelError(f"{path}: {hp.arch} needs expert_count and expert_used_count > 0")
+        gating = GATING_FUNCS.get(hp.get("expert_gating_func", 0) or default_gating)
+        if gating is None:
+            raise ModelError(f"{path}: unknown {hp.arch}.expert_gating_func {hp.get('expert_gating_func')}")
+        return cls(n_expert, n_used, gating=gating, norm_weights=bool(hp.get("expert_weights_norm", False)),
+                   weights_scale=hp.get("expert_weights_scale", 0.0),
+                   n_groups=hp.get("expert_group_count", 1) or 1,
+                   n_groups_used=hp.get("expert_group_used_count", 1) or 1)
 
 
 class Experts:
@@ -68,6 +89,23 @@ def _get(w: Weights, name: str, shape: tuple, n_expert: int):
     return w.get(name, shape)
 
 
+def _best_groups(g, selection, r: Routing):
+    """selection [n_expert, n_tokens] with the experts outside each token's n_groups_used
+    best groups at -inf; a group's score is the sum of its two best selection scores.
+    ref: build_moe_ffn's group-limited routing (DeepSeek V3's modeling_deepseek.py)."""
+    n_tokens = selection.ne[1]
+    per_group = r.n_expert // r.n_groups
+    groups = g.reshape(selection, per_group, r.n_groups, n_tokens)
+    top2 = g.argsort_top_k(groups, 2)                                   # i32 [2, n_groups, n_tokens]
+    scores = g.get_rows(g.reshape(groups, 1, per_group, r.n_groups, n_tokens), top2)   # [1, 2, n_groups, n_tokens]
+    scores = g.reshape(g.sum_rows(g.reshape(scores, 2, r.n_groups, n_tokens)), r.n_groups, n_tokens)
+    best = g.argsort_top_k(scores, r.n_groups_used)                    # i32 [n_groups_used, n_tokens]
+    kept = g.get_rows(groups, best)                                     # [per_group, n_groups_used, n_tokens]
+    # llama.cpp's ggml_fill(groups, -inf): clamping to [-inf, -inf] gives the same tensor
+    masked = g.set_rows(g.clamp(groups, float("-inf"), float("-inf")), kept, best)
+    return g.reshape(masked, r.n_expert, n_tokens)
+
+
 def moe_ffn(g, inp, x, E: Experts, r: Routing):
     """x: [n_embd, n_tokens] -> [n_embd, n_tokens], the weighted sum of the chosen experts."""
     n_embd, n_tokens = x.ne[0], x.ne[1]
@@ -84,6 +122,8 @@ def moe_ffn(g, inp, x, E: Experts, r: Routing):
     selection = probs if E.probs_b is None else g.add(probs, E.probs_b)
     if r.weight_before_ffn:
         selection = logits      # llama4 picks on the raw scores; sigmoid only weighs
+    if r.n_groups > 1:
+        selection = _best_groups(g, selection, r)
     chosen = g.argsort_top_k(selection, k)                              # i32 [k, n_tokens]
     weights = g.get_rows(g.reshape(probs, 1, r.n_expert, n_tokens), chosen)   # [1, k, n_tokens]
     if r.gating == SOFTMAX_WEIGHT:
