@@ -39,6 +39,7 @@ from ggserve.server.api.openai import responses as responses_api
 from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
 from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
 from ggserve.server.api.openapi import openapi
+from ggserve.server.api.owners import owner
 from ggserve.server.api.prefix import ApiPrefix
 from ggserve.server.api.routing import Router
 from ggserve.server.api.stream_resume import StreamResume, StreamSessions
@@ -57,6 +58,7 @@ class ServerConfig(EngineConfig):
 
     alias: str | None = None
     api_keys: list[str] = field(default_factory=list)
+    cache_isolation: str = "none"             # --cache-isolation: key: a prompt cache per API key (api/owners.py)
     metrics: bool = False
     cors_origins: list[str] = field(default_factory=lambda: ["*"])
     max_queue: int = 64
@@ -112,7 +114,7 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
     if cfg.sleep_idle_seconds > 0:
         from ggserve.server.api.llama.props import props
         api.sleeper = Sleeper(service, cfg.sleep_idle_seconds, lambda: props(api))
-    sessions = StreamSessions()                               # streams kept under X-Conversation-Id
+    sessions = StreamSessions(functools.partial(owner, api_keys=cfg.api_keys))   # streams under X-Conversation-Id
     app = Starlette(routes=_routes(api, Router(api), sessions), middleware=_middleware(cfg, sessions),
                     lifespan=_lifespan(service, api.sleeper), exception_handlers=exception_handlers)
     app.state.service = service

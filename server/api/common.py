@@ -16,6 +16,7 @@ from ggserve.models.tokenizer.pretokenize import drop
 from ggserve.server.api import schemas as S
 from ggserve.server.api.errors import APIError, invalid
 from ggserve.server.api.limits import json_object, key_matches
+from ggserve.server.api.owners import cache_salt, owner, presented_key
 from ggserve.server.service.metrics import Metrics
 from ggserve.server.service.service import Service
 
@@ -86,14 +87,22 @@ class API:
     def check_auth(self, request: Request) -> None:
         if not self.cfg.api_keys or request.url.path in _PUBLIC:
             return
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else \
-            request.headers.get("x-api-key", "")
+        key = presented_key(request.headers)
         if not key:
             raise APIError(401, "Missing API key: send `Authorization: Bearer <key>` or "
                                 "`x-api-key: <key>`", code="invalid_api_key")
         if not key_matches(key, self.cfg.api_keys):
             raise APIError(401, "Invalid API key", code="invalid_api_key")
+
+    def owner(self, request: Request) -> str:
+        """Whose the request is (server/api/owners.py): its API key's digest, "" without keys."""
+        return owner(request.headers, self.cfg.api_keys)
+
+    def cache_salt(self, request: Request, req: S._Sampling) -> str:
+        """The engine's cache salt of a generation: its cache_salt, and its API key with
+        --cache-isolation key (server/api/owners.py)."""
+        by_key = getattr(self.cfg, "cache_isolation", "none") == "key"
+        return cache_salt(self.owner(request) if by_key else "", req.cache_salt)
 
     async def json_body(self, request: Request) -> dict:
         """The body as a JSON object (server/api/limits.py: size, nesting, Unicode)."""

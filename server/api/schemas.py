@@ -85,6 +85,8 @@ class _Sampling(_Model):
     # llama.cpp's request fields: taken when they work here, refused when not
     n_predict: Optional[int] = Field(None, ge=-1)
     cache_prompt: bool = True
+    # vLLM's: cached prefixes are shared only among requests with the same salt (server/api/owners.py)
+    cache_salt: Optional[str] = None
     id_slot: int = -1
     n_probs: Optional[int] = Field(None, ge=0, le=20)
     samplers: Optional[list[str]] = None
@@ -93,6 +95,13 @@ class _Sampling(_Model):
     mirostat: int = 0
     grammar: Optional[str] = None
     json_schema: Optional[dict[str, Any]] = None
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, v):
+        if v is not None and not v:       # as vLLM: a salt is meant to be secret, and "" is none
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        return v
 
     @field_validator("logit_bias", mode="before")
     @classmethod

@@ -15,13 +15,16 @@ loses its connection, picks the answer up again:
 
 A new stream under the same ID replaces (and stops) the old one. Sessions are kept 300 s
 after they end. The id travels in the query string, not the path: it may hold a model name
-with slashes.
+with slashes. With API keys, a session belongs to the key that started it
+(server/api/owners.py): each key has its own ids, and another key's session is not found
+(404), not listed, and neither stopped nor replaced.
 """
 from __future__ import annotations
 
 import asyncio
 import time
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -33,8 +36,9 @@ MAX_SESSIONS = 256               # and at most this many sessions, the oldest en
 
 
 class Session:
-    def __init__(self, conv_id: str, cancelled: asyncio.Event):
+    def __init__(self, conv_id: str, cancelled: asyncio.Event, owner: str = ""):
         self.conv_id = conv_id
+        self.owner = owner               # whose it is (server/api/owners.py)
         self.started_at = int(time.time())
         self.completed_at = 0            # unix seconds once done
         self.buffer = bytearray()
@@ -82,34 +86,36 @@ class Session:
 
 
 class StreamSessions:
-    """Every session, by conversation id; owned by the app (server/app.py)."""
+    """Every session, by owner and conversation id; owned by the app (server/app.py).
+    owner_of(headers): whose a request is (server/api/owners.py owner)."""
 
-    def __init__(self):
-        self._by_id: dict[str, Session] = {}
+    def __init__(self, owner_of=lambda headers: ""):
+        self.owner_of = owner_of
+        self._by_id: dict[tuple[str, str], Session] = {}
 
-    def open(self, conv_id: str, cancelled: asyncio.Event) -> Session:
+    def open(self, conv_id: str, cancelled: asyncio.Event, owner: str = "") -> Session:
         self._collect()
-        old = self._by_id.pop(conv_id, None)
+        old = self._by_id.pop((owner, conv_id), None)
         if old is not None:
             old.cancelled.set()
             old.finish()
-        s = self._by_id[conv_id] = Session(conv_id, cancelled)
+        s = self._by_id[owner, conv_id] = Session(conv_id, cancelled, owner)
         return s
 
-    def get(self, conv_id: str) -> Session | None:
+    def get(self, conv_id: str, owner: str = "") -> Session | None:
         self._collect()
-        return self._by_id.get(conv_id)
+        return self._by_id.get((owner, conv_id))
 
-    def stop(self, conv_id: str) -> None:
-        s = self._by_id.pop(conv_id, None)
+    def stop(self, conv_id: str, owner: str = "") -> None:
+        s = self._by_id.pop((owner, conv_id), None)
         if s is not None:
             s.cancelled.set()
             s.finish()
 
-    def matching(self, ids: list[str]) -> list[Session]:
+    def matching(self, ids: list[str], owner: str = "") -> list[Session]:
         self._collect()
         return [s for i in ids for s in self._by_id.values()
-                if s.conv_id == i or s.conv_id.startswith(i + "::")]
+                if s.owner == owner and (s.conv_id == i or s.conv_id.startswith(i + "::"))]
 
     def _collect(self) -> None:
         cutoff = time.time() - TTL_SECONDS
@@ -117,7 +123,7 @@ class StreamSessions:
         extra = len(self._by_id) - MAX_SESSIONS
         for i, s in enumerate(ended):
             if s.completed_at <= cutoff or i < extra:
-                self._by_id.pop(s.conv_id, None)
+                self._by_id.pop((s.owner, s.conv_id), None)
 
 
 class StreamResume:
@@ -143,7 +149,8 @@ class StreamResume:
             if message["type"] == "http.response.start":
                 ctype = next((v for k, v in message.get("headers", ()) if k.lower() == b"content-type"), b"")
                 if message["status"] == 200 and ctype.startswith(b"text/event-stream"):
-                    session = self.sessions.open(conv_id, stopped)     # only an answer that streams has one
+                    # only an answer that streams has one (so only a request the API key let in)
+                    session = self.sessions.open(conv_id, stopped, self.sessions.owner_of(Headers(scope=scope)))
             elif session is not None and message["type"] == "http.response.body":
                 session.append(message.get("body", b""))
                 ended = ended or not message.get("more_body", False)
@@ -193,7 +200,7 @@ def routes(sessions: StreamSessions, route) -> list:
         return cid
 
     async def replay(request: Request) -> Response:
-        session = sessions.get(conv_id(request))
+        session = sessions.get(conv_id(request), sessions.owner_of(request.headers))
         if session is None:
             raise APIError(404, "Stream not found or expired")
         try:
@@ -214,10 +221,10 @@ def routes(sessions: StreamSessions, route) -> list:
         ids = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
         return JSONResponse([{"conversation_id": s.conv_id, "is_done": s.done, "total_bytes": s.total,
                               "started_at": s.started_at, "completed_at": s.completed_at}
-                             for s in sessions.matching(ids)])
+                             for s in sessions.matching(ids, sessions.owner_of(request.headers))])
 
     async def stop(request: Request) -> Response:
-        sessions.stop(conv_id(request))
+        sessions.stop(conv_id(request), sessions.owner_of(request.headers))
         return Response(status_code=204)
 
     return [route("/v1/stream", replay, ["GET"], "stream_replay"),

@@ -177,7 +177,7 @@ def _engine_settings(args, model: str, rpc: tuple, split: tuple) -> dict:
 def _http_settings(args) -> dict:
     """ServerConfig fields of the HTTP side: keys, endpoints, limits, what /v1/models shows, logging."""
     return {
-        "alias": args.alias, "api_keys": api_keys(args),
+        "alias": args.alias, "api_keys": api_keys(args), "cache_isolation": args.cache_isolation,
         "metrics": bool(args.metrics),
         "cors_origins": [o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
         "max_queue": args.max_queue,

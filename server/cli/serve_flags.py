@@ -121,6 +121,11 @@ def add_prompt_cache_flags(p) -> None:
           dest="cache_ram",
           help="host-RAM prompt cache: prefixes a slot loses are kept here (least recently used "
                "out first) and restored instead of recomputed (0: off, -1: no limit)")
+    _flag(p, "--cache-isolation", env="GGSERVE_CACHE_ISOLATION", default="none", choices=["none", "key"],
+          dest="cache_isolation",
+          help="key: each API key (--api-key, --api-key-file) has its own prompt cache, no cached "
+               "prefix is shared across keys (a request's cache_salt splits it further); none: "
+               "one cache for all, as llama-server (docs/server.md: what each costs in cache hits)")
     _flag(p, "--cache-reuse", env="LLAMA_ARG_CACHE_REUSE", type=int, default=0, metavar="N",
           dest="cache_reuse",
           help="llama-server's reuse of cached chunks of at least N tokens at shifted positions: "

@@ -28,6 +28,9 @@ class Request:
     id_slot: int = -1          # llama-server's id_slot: the slot it takes when that one is free
     progress: bool = False     # report prompt processing as it goes (llama-server's return_progress)
     n_keep: int = 0            # prompt tokens a context shift keeps after the BOS (llama-server's; -1: all)
+    # cached prefixes are shared only among requests with the same salt (vLLM's cache_salt; the API
+    # folds in the client's API key with --cache-isolation key): slots, running prompts, host cache, slot files
+    cache_salt: str = ""
 
 
 @dataclass

@@ -164,14 +164,15 @@ class Service:
 
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
-                     output: Callable[[], Any] | None = None, show_tokens=frozenset(),
-                     embed: bool = False, id_slot: int = -1, progress: bool = False, n_keep: int = 0) -> Job:
+                     output: Callable[[], Any] | None = None, show_tokens=frozenset(), embed: bool = False,
+                     id_slot: int = -1, progress: bool = False, n_keep: int = 0, cache_salt: str = "") -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad request,
         queue full). output() makes each choice's ChatOutput (reasoning and tool
         calls); show_tokens: control tokens whose text the output keeps (their markers);
         id_slot: the slot the first prompt takes when it is free (llama-server's children take any);
-        progress: report prompt processing (Delta.progress); n_keep: what a context shift keeps."""
+        progress: report prompt processing (Delta.progress); n_keep: what a context shift keeps;
+        cache_salt: only requests of the same salt share cached prefixes (Request.cache_salt)."""
         self._check_usable()
         if max_tokens is None and not embed:
             max_tokens = self.default_max_tokens          # -n (-1: until the context)
@@ -200,12 +201,12 @@ class Service:
                 extra["turn_starts"] = tuple(p.turn_starts)
             if p.positions is not None:
                 extra["positions"] = p.positions
-            extra.update({k: v for k, v in (("embed", embed), ("progress", progress), ("n_keep", n_keep)) if v})
+            extra.update({k: v for k, v in (("embed", embed), ("progress", progress), ("n_keep", n_keep),
+                                            ("cache_salt", cache_salt)) if v})
             if id_slot >= 0 and not requests:
                 extra["id_slot"] = id_slot
-            requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens),
-                                               params=prm, max_tokens=limit,
-                                               ignore_eos=ignore_eos, **extra))
+            requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens), params=prm,
+                                               max_tokens=limit, ignore_eos=ignore_eos, **extra))
         job.requests = requests
         fut = asyncio.get_running_loop().create_future()
         self._adds.append((job, fut))

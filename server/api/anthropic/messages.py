@@ -200,7 +200,7 @@ def chat_body(body: dict, need_max_tokens: bool = True) -> dict:
 async def messages(api: API, request: Request) -> Response:
     body = await api.json_body(request)
     req = S.ChatCompletionRequest.model_validate(chat_body(body))
-    job = await submit_chat(api, req)
+    job = await submit_chat(api, req, salt=api.cache_salt(request, req))
     mid, model = new_id("msg"), api.model_id()
     if req.stream:
         return sse(job, events(mid, model, job), framer=named_frame, end="")

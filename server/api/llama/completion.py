@@ -162,8 +162,8 @@ def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
     return ("eos", "") if finish else ("none", "")
 
 
-async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]]) -> tuple[Job, list]:
-    """The job, and the sampling parameters of a prompt's n_choices answers."""
+async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]], salt: str) -> tuple[Job, list]:
+    """The job, and the sampling parameters of a prompt's n_choices answers (salt: API.cache_salt)."""
     api.settle_fields(req)
     bad = req.refused()
     if bad:
@@ -174,7 +174,7 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
                                    n_keep=api.n_keep(req),
                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
-                                   progress=req.stream and req.return_progress)
+                                   progress=req.stream and req.return_progress, cache_salt=salt)
     return job, params
 
 
@@ -183,7 +183,7 @@ async def answer(api: API, request: Request, req: NativeCompletionRequest,
     """Run the prompts, n_cmpl (n) times each; answer in llama-server's native shape (a list
     for several answers, prompt by prompt, `index` running over all)."""
     prompts = [p for p in prompts for _ in range(req.n_choices)]
-    job, choice_params = await submit(api, req, prompts)
+    job, choice_params = await submit(api, req, prompts, api.cache_salt(request, req))
     native = NativeAnswer(api, req, job, prompts, choice_params)
     if not req.stream:
         return JSONResponse(native.whole(await collect(request, job, len(prompts))))

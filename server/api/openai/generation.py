@@ -142,9 +142,10 @@ def usage_chunk(head: Head, object_type: str, job: Job) -> dict:
             "timings": job.timings}
 
 
-async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
+async def submit_chat(api: API, req: S.ChatCompletionRequest, *, salt: str) -> Job:
     """A chat request -> its queued Job: the one generation path that
-    /v1/chat/completions, /v1/responses and /v1/messages share."""
+    /v1/chat/completions, /v1/responses and /v1/messages share. salt: its cache salt
+    (API.cache_salt)."""
     api.settle_fields(req)
     api.check_n(req.n)
     if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
@@ -160,14 +161,14 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest) -> Job:
     return await api.service.submit([prompt] * req.n, params, req.limit, n_keep=api.n_keep(req),
                                     ignore_eos=req.ignore_eos, stops=req.stop,
                                     output=opts.output(prompt.text), id_slot=req.id_slot,
-                                    progress=req.stream and req.return_progress,
+                                    progress=req.stream and req.return_progress, cache_salt=salt,
                                     show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
 
 
 async def chat(api: API, request: Request) -> Response:
     """POST /v1/chat/completions: the whole answer, or its chunks streamed."""
     req = await chat_request(api, request)
-    job = await submit_chat(api, req)
+    job = await submit_chat(api, req, salt=api.cache_salt(request, req))
     head = new_head("chatcmpl", api)
     if not req.stream:
         got = await collect(request, job, req.n)
@@ -294,7 +295,7 @@ async def completions(api: API, request: Request) -> Response:
     per_choice = [p for p in prompts for _ in range(req.n)]
     job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
-                                    n_keep=api.n_keep(req))
+                                    n_keep=api.n_keep(req), cache_salt=api.cache_salt(request, req))
     head = new_head("cmpl", api)
     echo = echoes(api, req, per_choice)
     if not req.stream:

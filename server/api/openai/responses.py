@@ -187,15 +187,16 @@ def chat_body(body: dict, history: list[dict]) -> tuple[dict, list[dict]]:
 
 # -- endpoints -----------------------------------------------------------------------
 
-def _history(store: ResponseStore, body: dict) -> list[dict]:
-    """The conversation `previous_response_id` continues (none without it)."""
+def _history(store: ResponseStore, body: dict, owner: str) -> list[dict]:
+    """The conversation `previous_response_id` continues (none without it); only the
+    owner's own responses are found."""
     prev = body.get("previous_response_id")
     if prev is None:
         return []
     if not isinstance(prev, str):
         raise invalid("previous_response_id must be a string", param="previous_response_id")
     try:
-        return list(store.get(prev)[0])
+        return list(store.get(prev, owner)[0])
     except APIError:
         raise APIError(404, f"Previous response with id '{prev}' not found.", type="invalid_request_error",
                        param="previous_response_id", code="previous_response_not_found") from None
@@ -203,10 +204,10 @@ def _history(store: ResponseStore, body: dict) -> list[dict]:
 
 async def create(api: API, store: ResponseStore, request: Request) -> Response:
     body = await api.json_body(request)
-    chat, conversation = chat_body(body, _history(store, body))
+    chat, conversation = chat_body(body, _history(store, body, api.owner(request)))
     req = S.ChatCompletionRequest.model_validate(chat)
-    job = await submit_chat(api, req)
-    turn = Turn(api, store, body, conversation)
+    job = await submit_chat(api, req, salt=api.cache_salt(request, req))
+    turn = Turn(api, store, body, conversation, api.owner(request))
     if req.stream:
         return sse(job, events(turn, job, timed=req.timings_per_token), framer=named_frame, end="")
     a = await collect(request, job)
@@ -216,18 +217,18 @@ async def create(api: API, store: ResponseStore, request: Request) -> Response:
 async def input_tokens(api: API, store: ResponseStore, request: Request) -> Response:
     """The prompt's token count as POST /v1/responses would run it, nothing generated."""
     body = await api.json_body(request)
-    req = S.ChatCompletionRequest.model_validate(chat_body(body, _history(store, body))[0])
+    req = S.ChatCompletionRequest.model_validate(chat_body(body, _history(store, body, api.owner(request)))[0])
     n = len((await request_prompt(api, req)).tokens)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
 
 async def retrieve(api: API, store: ResponseStore, request: Request) -> Response:
-    return JSONResponse(store.get(request.path_params["rid"])[1])
+    return JSONResponse(store.get(request.path_params["rid"], api.owner(request))[1])
 
 
 async def delete(api: API, store: ResponseStore, request: Request) -> Response:
     rid = request.path_params["rid"]
-    store.delete(rid)
+    store.delete(rid, api.owner(request))
     return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
 
 

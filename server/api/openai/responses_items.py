@@ -23,35 +23,36 @@ class ResponseStore:
     """Responses by id, for `previous_response_id` and GET: the conversation that led
     to each (chat messages, without its instructions) and the response object. The
     least recently used go first when there are more than `size` or they take more
-    than `max_bytes`."""
+    than `max_bytes`. Each answers only to its owner (server/api/owners.py: the API key
+    that created it): to another, it is not found."""
 
     def __init__(self, size: int = KEPT, max_bytes: int = KEPT_BYTES):
         self.size, self.max_bytes = size, max_bytes
         self.bytes = 0
-        self._items: OrderedDict[str, tuple[list[dict], dict, int]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[list[dict], dict, int, str]] = OrderedDict()
 
-    def put(self, rid: str, messages: list[dict], response: dict) -> None:
+    def put(self, rid: str, messages: list[dict], response: dict, owner: str = "") -> None:
         if rid in self._items:
-            self.delete(rid)
+            self.bytes -= self._items.pop(rid)[2]
         n = len(json.dumps([messages, response], ensure_ascii=False))
-        self._items[rid] = (messages, response, n)
+        self._items[rid] = (messages, response, n, owner)
         self.bytes += n
         while self._items and (len(self._items) > self.size or self.bytes > self.max_bytes):
             self.bytes -= self._items.popitem(last=False)[1][2]
 
-    def get(self, rid: str) -> tuple[list[dict], dict]:
-        if rid not in self._items:
+    def get(self, rid: str, owner: str = "") -> tuple[list[dict], dict]:
+        item = self._items.get(rid)
+        if item is None or item[3] != owner:        # another key's: as if there were none
             raise APIError(404, f"Response with id '{rid}' not found.", type="invalid_request_error",
                            code="response_not_found")
         self._items.move_to_end(rid)
-        messages, response, _ = self._items[rid]
-        return messages, response
+        return item[0], item[1]
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._items
 
-    def delete(self, rid: str) -> None:
-        self.get(rid)
+    def delete(self, rid: str, owner: str = "") -> None:
+        self.get(rid, owner)
         self.bytes -= self._items.pop(rid)[2]
 
 
@@ -92,8 +93,9 @@ class Turn:
     """One request's fixed parts: its id, what the response object echoes back,
     and what is kept for the next turn."""
 
-    def __init__(self, api, store: ResponseStore, body: dict, conversation: list[dict]):
+    def __init__(self, api, store: ResponseStore, body: dict, conversation: list[dict], owner: str = ""):
         self.api, self.store, self.body, self.conversation = api, store, body, conversation
+        self.owner = owner          # whose it is (server/api/owners.py): only they read it back
         self.id, self.created = new_id("resp"), S.now()
 
     def response(self, status: str = "in_progress", output=(), a: Answer | None = None) -> dict:
@@ -130,5 +132,5 @@ class Turn:
                 said["reasoning_content"] = a.reasoning
             if a.calls:
                 said["tool_calls"] = a.calls
-            self.store.put(self.id, self.conversation + [said], r)
+            self.store.put(self.id, self.conversation + [said], r, self.owner)
         return r

@@ -3,9 +3,11 @@ leave the KV cache wait here as snapshots (server/engine/memory/snapshot.py), bo
 bytes, least recently used first out, and go back into a slot instead of being
 computed again.
 
-Entries are keyed by their tokens; an image is part of them as its placeholder
-ids, which come from the image's content hash, so the same image in a later prompt
-matches. As llama-server's cache: a prefix another entry already holds is not
+Entries are keyed by their cache salt and tokens; an image is part of them as its
+placeholder ids, which come from the image's content hash, so the same image in a
+later prompt matches. A prompt matches only entries of its own salt (Snapshot.salt,
+Request.cache_salt): requests of different salts never see each other's prefixes.
+As llama-server's cache: a prefix another entry of the salt already holds is not
 stored twice, entries the new one extends are dropped, and an entry taken back
 into a slot leaves the cache (the slot holds it now).
 """
@@ -40,7 +42,9 @@ class HostCache:
         if snap.nbytes > self.limit or not snap.n:
             return False
         tokens = np.asarray(snap.tokens, dtype=np.int64)
-        for key, (held, _) in list(self._entries.items()):
+        for key, (held, other) in list(self._entries.items()):
+            if other.salt != snap.salt:
+                continue
             n = common_prefix(held, tokens)
             if n == len(tokens):            # already here (as itself or the start of a longer one)
                 self._entries.move_to_end(key)
@@ -55,15 +59,17 @@ class HostCache:
         self.stored += 1
         return True
 
-    def best(self, prompt, limit: int, fit=lambda n: n) -> tuple[int | None, int]:
-        """(key, n): the entry that gives the longest prefix of prompt, n of its tokens
-        (at most limit, cut by fit(n) and where the entry has memory for: Snapshot.
-        reusable); (None, 0) when none gives any. Ties: the most recent."""
+    def best(self, prompt, limit: int, fit=lambda n: n, salt: str = "") -> tuple[int | None, int]:
+        """(key, n): the entry of this salt that gives the longest prefix of prompt, n of
+        its tokens (at most limit, cut by fit(n) and where the entry has memory for:
+        Snapshot.reusable); (None, 0) when none gives any. Ties: the most recent."""
         if not self._entries:
             return None, 0
         tokens = np.asarray(prompt, dtype=np.int64)
         best, best_n = None, 0
         for key, (held, snap) in self._entries.items():
+            if snap.salt != salt:
+                continue
             n = snap.reusable(fit(min(common_prefix(held, tokens), limit)))
             if n >= best_n and n > 0:
                 best, best_n = key, n

@@ -8,8 +8,10 @@ common prefix is more than that fraction of the prompt, and it keeps nearly all 
 what the slot holds: CONTINUE_MIN); otherwise the least recently used free slot, empty ones
 first, so users taking turns each keep their own conversation. What a slot loses
 goes to the host-RAM cache (server/engine/memory/host_cache.py) when one is on, and comes back
-from there when a prompt continues it. This module owns which sequence runs in
-which slot and what an idle slot holds; it changes memory only through
+from there when a prompt continues it. A prefix is shared only among requests of the
+same cache salt (Request.cache_salt): a slot, a running sequence or a host-cache entry
+of another salt gives nothing. This module owns which sequence runs in
+which slot and what an idle slot holds (and its salt); it changes memory only through
 server/engine/memory/model_memory.py and server/engine/memory/snapshot.py.
 """
 from __future__ import annotations
@@ -59,6 +61,7 @@ class PrefixCache:
         self.host = host if host is not None and host.limit else None
         self.running: dict[int, Sequence] = {}                 # busy slot -> its sequence
         self._idle_tokens: list[list[int]] = [[] for _ in range(n_slots)]   # what an idle slot holds
+        self._idle_salt: list[str] = [""] * n_slots                          # and for which cache salt
         self._used_at = [0.0] * n_slots
         self.last: dict[int, Sequence] = {}                    # slot -> the last sequence that left it
 
@@ -68,6 +71,11 @@ class PrefixCache:
         seq = self.running.get(slot)
         return seq.tokens[: seq.n_computed] if seq is not None else self._idle_tokens[slot]
 
+    def slot_salt(self, slot: int) -> str:
+        """The cache salt of what a slot holds (its running sequence's, or its last one's)."""
+        seq = self.running.get(slot)
+        return seq.request.cache_salt if seq is not None else self._idle_salt[slot]
+
     def assign(self, seq: Sequence) -> None:
         """Give seq a free slot, reusing the longest cached prefix of its prompt: in
         the slot's memory, another slot's, or the host cache."""
@@ -75,15 +83,17 @@ class PrefixCache:
         limit = len(prompt) - 1       # always compute the last prompt token: its logits start generation
         if seq.pool is not None:
             limit = 0                 # an embedding pools the hidden state of every row it computes
-        # what each slot's memory can give: the prompt's prefix it holds, as far as memory can be cut there
+        # what each slot's memory can give: the prompt's prefix it holds, as far as memory can be cut
+        # there; nothing from a slot of another cache salt
+        salt = seq.request.cache_salt
         usable = [self.memory.reusable(s, _whole_images(seq, min(common_prefix(self.slot_tokens(s), prompt), limit)))
-                  for s in range(self.n_slots)]
+                  if self.slot_salt(s) == salt else 0 for s in range(self.n_slots)]
         free = [s for s in range(self.n_slots) if s not in self.running]
         slot = seq.request.id_slot if seq.request.id_slot in free else self._choose(free, usable, len(prompt))
         # a longer prefix in another slot (running or idle) is shared instead
         src = max(range(self.n_slots), key=lambda s: (usable[s], s == slot))
         reuse = usable[src]
-        key, n_host = self.host.best(prompt, limit, lambda n: _whole_images(seq, n)) \
+        key, n_host = self.host.best(prompt, limit, lambda n: _whole_images(seq, n), salt) \
             if self.host is not None else (None, 0)
         snap = self.host.take(key) if n_host > reuse else None
         self._save(slot, reuse if snap is None and src == slot else 0)
@@ -122,6 +132,7 @@ class PrefixCache:
             return
         snap = memory_snapshot.capture(self.memory, slot, held)
         if snap is not None:
+            snap.salt = self._idle_salt[slot]
             self.host.put(snap)
 
     def evict_idle(self) -> bool:
@@ -134,7 +145,7 @@ class PrefixCache:
         slot = min(idle, key=lambda s: self._used_at[s])
         self._save(slot, 0)
         self.memory.free(slot)
-        self._idle_tokens[slot] = []
+        self._idle_tokens[slot], self._idle_salt[slot] = [], ""
         return True
 
     # -- one slot's memory as a snapshot (slot files) ------------------------------------
@@ -143,7 +154,10 @@ class PrefixCache:
         """What an idle slot holds, as bytes (None: it holds nothing, or the model's
         memory cannot be snapshotted)."""
         held = self._idle_tokens[slot]
-        return memory_snapshot.capture(self.memory, slot, held) if held else None
+        snap = memory_snapshot.capture(self.memory, slot, held) if held else None
+        if snap is not None:
+            snap.salt = self._idle_salt[slot]       # a slot file keeps it: restored, it serves that salt alone
+        return snap
 
     def load(self, slot: int, snap: Snapshot) -> int:
         """An idle slot drops what it holds and gets snap's memory. -> tokens restored
@@ -151,7 +165,7 @@ class PrefixCache:
         self.erase(slot)
         self.memory.keep(slot, 0, 0)
         n = memory_snapshot.restore(self.memory, slot, snap)
-        self._idle_tokens[slot] = list(snap.tokens[:n])
+        self._idle_tokens[slot], self._idle_salt[slot] = list(snap.tokens[:n]), snap.salt
         self._used_at[slot] = time.monotonic()
         return n
 
@@ -159,7 +173,7 @@ class PrefixCache:
         """An idle slot forgets what it holds. -> how many tokens that was."""
         n = len(self._idle_tokens[slot])
         self.memory.free(slot)
-        self._idle_tokens[slot] = []
+        self._idle_tokens[slot], self._idle_salt[slot] = [], ""
         return n
 
     def share(self, running: list[Sequence]) -> frozenset:
@@ -167,7 +181,8 @@ class PrefixCache:
         take its memory instead of computing it again: what it has computed is
         copied now; while it still computes more of the shared part, they wait
         (returned: their ids). Many requests arriving together with one long,
-        uncached system prompt then compute it once instead of once each."""
+        uncached system prompt then compute it once instead of once each (if they
+        have the same cache salt: a sequence never takes another salt's memory)."""
         if not self.memory.cuts_anywhere:
             # a recurrent state is only ever where its sequence is: sequences with a
             # common prefix each compute it (waiting would rarely find it at the point)
@@ -180,7 +195,7 @@ class PrefixCache:
                 continue
             best, leader = 0, None
             for a in running:
-                if a is not b and rank[id(a)] < rank[id(b)]:
+                if a is not b and rank[id(a)] < rank[id(b)] and a.request.cache_salt == b.request.cache_salt:
                     n = min(common_prefix(a.tokens, b.tokens[:b.n_prompt]), b.n_prompt - 1)
                     if n > best:
                         best, leader = n, a
@@ -198,10 +213,10 @@ class PrefixCache:
         """seq leaves its slot; with keep, its computed tokens stay for later prompts."""
         slot = seq.slot
         if keep:
-            self._idle_tokens[slot] = seq.tokens[: seq.n_computed]
+            self._idle_tokens[slot], self._idle_salt[slot] = seq.tokens[: seq.n_computed], seq.request.cache_salt
         else:
             self.memory.free(slot)
-            self._idle_tokens[slot] = []
+            self._idle_tokens[slot], self._idle_salt[slot] = [], ""
         self._used_at[slot] = time.monotonic()
         self.last[slot] = seq
         del self.running[slot]
@@ -210,5 +225,6 @@ class PrefixCache:
     def clear(self) -> None:
         self.memory.clear()
         self._idle_tokens = [[] for _ in range(self.n_slots)]
+        self._idle_salt = [""] * self.n_slots
         if self.host is not None:
             self.host.clear()

@@ -5,7 +5,8 @@ memory snapshot (server/engine/memory/snapshot.py) on disk, in a format of our o
     version    u32 LE   FORMAT_VERSION
     header     u32 LE length, then that many bytes of JSON:
                {"model": fingerprint, "layout": cache layout, "n_tokens": n,
-                "states": [positions], "body_sha256": hex}
+                "states": [positions], "body_sha256": hex,
+                "cache_salt": the slot's salt, only when it has one (Snapshot.salt)}
     body       tokens int32[n], positions int32[n_pos, n], span ids int64[n],
                then per attention layer its K rows, then its V rows (n rows each),
                then per state position (recurrent layers) one row per state tensor
@@ -87,7 +88,8 @@ def save(path: str, snap: Snapshot, model: str, layout: dict) -> int:
     for p in body:
         digest.update(p)
     header = json.dumps({"model": model, "layout": layout, "n_tokens": snap.n,
-                         "states": sorted(snap.states or {}), "body_sha256": digest.hexdigest()}).encode()
+                         "states": sorted(snap.states or {}), "body_sha256": digest.hexdigest(),
+                         **({"cache_salt": snap.salt} if snap.salt else {})}).encode()
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -136,6 +138,9 @@ def load(path: str, model: str, layout: dict, max_tokens: int) -> Snapshot:
         n = header.get("n_tokens")
         if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= max_tokens:
             raise SlotFileError(f"the slot file holds {n!r} tokens; a slot holds 1..{max_tokens}")
+        salt = header.get("cache_salt", "")
+        if not isinstance(salt, str):
+            raise SlotFileError("the slot file's cache_salt is not a string")
         points = _state_points(header.get("states"), n, bool(layout["recurrent"]))
         sizes = _sizes(layout, n, len(points))
         if size != 16 + n_header + sum(sizes):
@@ -163,7 +168,7 @@ def load(path: str, model: str, layout: dict, max_tokens: int) -> Snapshot:
     per_point = len(layout["recurrent"])
     states = {p: parts[i + j * per_point:i + (j + 1) * per_point] for j, p in enumerate(points)} \
         if layout["recurrent"] else None
-    return Snapshot(tokens, positions, spans, k, v, states)
+    return Snapshot(tokens, positions, spans, k, v, states, salt)
 
 
 def _state_points(points, n: int, recurrent: bool) -> list:

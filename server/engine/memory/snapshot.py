@@ -29,6 +29,7 @@ class Snapshot:
     k: list                # per layer: bytes of n rows, or None (a layer without attention)
     v: list
     states: dict | None = None   # recurrent layers: position -> bytes per state tensor; None without
+    salt: str = ""               # the cache salt of the requests that computed it (Request.cache_salt)
 
     @property
     def n(self) -> int:

@@ -39,6 +39,7 @@ class _Shadow:
         self.slot = slot
         self.tokens: list[int] = []
         self.n_computed = 0
+        self.salt = ""           # the cache salt of the sequence it drafted for (Request.cache_salt)
 
 
 class DraftModel:
@@ -68,8 +69,9 @@ class DraftModel:
         for s in seqs:
             sh = self.shadows[s.slot]
             keep = min(common_prefix(sh.tokens[:sh.n_computed], s.tokens), len(s.tokens) - 1)
+            keep = keep if sh.salt == s.request.cache_salt else 0     # nothing across cache salts
             self.memory.kv.seq_rm(s.slot, keep)
-            sh.tokens, sh.n_computed = list(s.tokens), keep
+            sh.tokens, sh.n_computed, sh.salt = list(s.tokens), keep, s.request.cache_salt
             active.append(sh)
         drafts = {sh.slot: [] for sh in active}
         want = {s.slot: room[s] for s in seqs}
