@@ -7,7 +7,8 @@ ref: llama.cpp src/models/lfm2.cpp (build_shortconv_block, build_attn_block).
   goes through a causal depthwise convolution of `shortconv.l_cache` taps (state:
   the last l_cache - 1 inputs of each channel), the result is gated by c and
   projected by `shortconv.out_proj`.
-- Attention: q and k RMS-normed per head, NeoX rope, 1/sqrt(head_dim).
+- Attention: q and k RMS-normed per head, NeoX rope, 1/sqrt(head_dim); with
+  `attention.sliding_window` > 0 every attention layer attends within that window.
 Both are pre-norm residual layers followed by a SwiGLU FFN; the final norm is
 `token_embd_norm` and the LM head the tied token embeddings unless `output` exists.
 """
@@ -43,6 +44,8 @@ class Lfm2Model(Decoder):
         self.rope_base = hp.get("rope.freq_base", 10000.0)
         self.n_ctx_orig = hp.get("context_length", 0)
         self.kq_scale = 1.0 / math.sqrt(self.head_dim)
+        # a sliding window, when the file gives one, on every attention layer (llama.cpp's iswa graph)
+        self.window = hp.get("attention.sliding_window", 0) or 0
         self.d_conv = hp.get("shortconv.l_cache", required=True) - 1    # conv inputs kept per channel
         if self.d_conv < 1:
             raise ModelError(f"{path}: lfm2.shortconv.l_cache must be > 1")
@@ -72,7 +75,7 @@ class Lfm2Model(Decoder):
         """Attention layers keep K/V per token; short-conv layers the last d_conv
         inputs of each channel per sequence."""
         return [LayerRecurrent((self.d_conv * self.n_embd,), device_of_layer(il)) if r else
-                LayerKV(self.head_dim * n, self.head_dim * n, device_of_layer(il))
+                LayerKV(self.head_dim * n, self.head_dim * n, device_of_layer(il), self.window)
                 for il, (r, n) in enumerate(zip(self.is_recurrent, self.kv_heads))]
 
     def attention(self, g, inp, il, L, h, temp):

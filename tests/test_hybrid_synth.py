@@ -220,6 +220,15 @@ def test_lfm2_missing_tensor_names_file_and_tensor(tensor):
         _build("lfm2", drop={tensor})
 
 
+def test_lfm2_with_a_sliding_window_has_it_on_every_attention_layer():
+    path = model_path("lfm2")
+    f = GGUFFile(path)
+    m = model_class("lfm2", path)({**f.metadata, "lfm2.attention.sliding_window": 64}, f.tensors, path)
+    assert [getattr(s, "sliding_window", None) for s in m.memory_layers(lambda il: None)] == [None, 64, None, 64]
+    assert [getattr(s, "sliding_window", None) for s in _build("lfm2").memory_layers(lambda il: None)] == \
+        [None, 0, None, 0]
+
+
 def test_lfm2_without_conv_length_is_a_clear_error():
     with pytest.raises(ModelError, match=r"missing metadata 'lfm2.shortconv.l_cache'"):
         _build("lfm2", meta_drop={"lfm2.shortconv.l_cache"})
