@@ -21,13 +21,16 @@ class LayerKV:
     """What one attention layer stores per token: K and V row widths, its device, and
     which cells a token sees besides causality: the last `sliding_window` positions
     (0: all), or only those of its own `chunk`-position chunk (llama4's chunked
-    attention; 0: no chunks)."""
+    attention; 0: no chunks). With `v_in_k` nothing is stored for V: it is read as the
+    first n_embd_v values of each K row (MLA's compressed cache, llama.cpp's K-only
+    cache for absorbed MLA)."""
 
     n_embd_k: int
     n_embd_v: int
     device: object
     sliding_window: int = 0     # 0: global attention
     chunk: int = 0              # 0: not chunked
+    v_in_k: bool = False
 
     @property
     def mask_kind(self) -> tuple[int, int]:

@@ -1,10 +1,13 @@
-"""Mixture-of-experts architectures of issue 16 (qwen3moe, gpt-oss, llama4) against
-llama.cpp on the synthetic golden models (../shared/golden/synth: random weights,
+"""Mixture-of-experts architectures of issues 16 and 31 (qwen3moe, gpt-oss, llama4,
+glm4moe, deepseek2) against llama.cpp on the synthetic golden models (../shared/golden/synth: random weights,
 real vocabularies and chat templates): greedy continuations and top-5 logprobs of
 every golden prompt and chat, chat renderings, batching that does not change them
 (four prompts together, a prompt in chunks, a reused prefix), the weights llama.cpp
-repacks, chunked attention's mask, and a wrong expert count."""
+repacks, chunked attention's mask, a wrong expert count, and the KV cache's size
+(deepseek2's MLA: one compressed K row per token, V read from it) as llama.cpp reports it."""
 import datetime
+import json
+import re
 
 import numpy as np
 import pytest
@@ -12,15 +15,16 @@ import pytest
 from ggserve.models.chat_template import ChatTemplate
 from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError
+from ggserve.models.tokenizer import Tokenizer
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.engine.engine import EngineConfig, Engine
 from ggserve.server.engine.memory.kv_cache import KVCache
 from ggserve.server.engine.loader import LoadedModel
 from engine_helpers import generate, max_logprob_deviation, tokens
-from synth_golden import chat, completions, engine, model_path, steps
+from synth_golden import SYNTH, chat, completions, engine, model_path, steps
 
-ARCHS = ("qwen3moe", "gpt-oss", "llama4")
+ARCHS = ("qwen3moe", "gpt-oss", "llama4", "glm4moe", "deepseek2")
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.01
 GOLDEN = completions()["models"]
@@ -94,8 +98,10 @@ def test_top5_logprobs_within_tolerance(engines, arch, case):
 def test_chat_renders_and_tokenizes_as_llama_cpp(arch, case):
     meta = GGUFFile(model_path(arch)).metadata
     req = case["request"]
-    text = ChatTemplate.from_metadata(meta).render(req["messages"], req["add_generation_prompt"],
-                                                   tools=req.get("tools"))
+    tokenizer = Tokenizer.from_metadata(meta)
+    # a tokenizer that adds BOS: llama-server drops the BOS text the template renders (deepseek2)
+    text = ChatTemplate.from_metadata(meta, add_bos=tokenizer.vocab.add_bos).render(
+        req["messages"], req["add_generation_prompt"], tools=req.get("tools"))
     # the templates print today's date (gpt-oss "Current date: 2026-11-23", Llama 3 "Today Date: 23 Nov 2026")
     made = datetime.date(2026, 11, 23)
     today = datetime.date.today()
@@ -103,8 +109,7 @@ def test_chat_renders_and_tokenizes_as_llama_cpp(arch, case):
         made.strftime("%d %b %Y"), today.strftime("%d %b %Y"))
     assert text == gold
     if today == made:
-        from ggserve.models.tokenizer import Tokenizer
-        ids = Tokenizer.from_metadata(meta).encode(text, add_special=True, parse_special=True)
+        ids = tokenizer.encode(text, add_special=True, parse_special=True)
         assert ids == case["prompt_ids_add_special_parse_special"]
 
 
@@ -175,3 +180,40 @@ def test_chunked_attention_mask_sees_only_the_tokens_own_chunk():
                                             [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]]
     assert causal.astype(int).sum(axis=1).tolist() == [4, 5, 10]
     assert cache.mask_kinds == [(0, 0), (0, 4)]
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "deepseek2"])
+def test_kv_cache_holds_what_llama_cpp_reports(arch):
+    # llama.cpp's log: "llama_kv_cache: size = ... K (f16): 1.50 MiB, V (f16): 0.00 MiB" (4096 cells)
+    lines = json.loads((SYNTH / "out" / "load_summary.json").read_text())[arch]
+    line = next(x for x in lines if "llama_kv_cache: size" in x)
+    k_mib, v_mib = (float(x) for x in re.search(r"K \(f16\): +([\d.]+) MiB, V \(f16\): +([\d.]+) MiB", line).groups())
+    e = engine(arch)
+    kv = e.memory.kv
+    k = sum(t.nbytes for t in kv.k if t is not None) / 2**20
+    v = sum(t.nbytes for t in kv.v if t is not None) / 2**20
+    total = sum(e.memory.nbytes_by_device().values()) / 2**20
+    e.close()
+    assert (round(k, 2), round(v, 2), round(total, 2)) == (k_mib, v_mib, k_mib + v_mib)
+
+
+def test_mla_cache_is_saved_and_restored_without_v_rows(tmp_path):
+    # a slot file of deepseek2's K-only cache: K rows alone, and the restored prefix answers the same
+    from ggserve.server.engine.memory import slot_files, snapshot
+
+    prompt = next(c for c in GOLDEN["deepseek2"] if c["key"] == "story")
+    e = engine("deepseek2", cache_ram_mb=0)
+    try:
+        first = tokens(generate(e, {"a": prompt["prompt_ids"]}, 8)["a"])
+        model, layout = slot_files.model_fingerprint(e.loaded.gguf), snapshot.layout(e.memory)
+        assert layout["rows"] == [[48 * 2, 0]] * 4              # f16 rows of kv_lora 32 + rope 16; no V
+        size = slot_files.save(str(tmp_path / "s.bin"), e.slots.snapshot(0), model, layout)
+        n = len(prompt["prompt_ids"]) + 7
+        assert size > 4 * n * 48 * 2 and size < 4 * n * 48 * 2 + 16 * n + 4096
+        e.clear_cache()
+        snap = slot_files.load(str(tmp_path / "s.bin"), model, layout, e.n_ctx)
+        assert e.slots.load(0, snap) == snap.n
+        again = generate(e, {"b": prompt["prompt_ids"]}, 8)["b"]
+        assert again[0].n_cached > 0 and tokens(again) == first == prompt["generated_ids"][:8]
+    finally:
+        e.close()

@@ -40,10 +40,12 @@ __all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "
 
 
 
-def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_start: bool) -> tuple[str, str]:
+def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_start: bool,
+                    lstrip: bool = True) -> tuple[str, str]:
     """(reasoning, rest). A prompt that ends with the open tag starts inside reasoning.
-    As llama-server: reasoning loses its leading whitespace (its trailing whitespace
-    stays); after a think block the prompt opened, the content is kept verbatim."""
+    As llama-server: reasoning loses its leading whitespace unless `lstrip` is off (its
+    trailing whitespace stays); after a think block the prompt opened, the content is
+    kept verbatim."""
     open_tag, close_tag = think
     if not close_tag:
         return "", text
@@ -59,9 +61,9 @@ def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_st
     if k < 0:
         if partial:
             body = body[:len(body) - held(body, (close_tag,))]
-        return body.lstrip(), ""
+        return body.lstrip() if lstrip else body, ""
     rest = body[k + len(close_tag):]
-    return body[:k].lstrip(), rest if open_at_start else rest.lstrip()
+    return body[:k].lstrip() if lstrip else body[:k], rest if open_at_start else rest.lstrip()
 
 
 def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = True,
@@ -69,7 +71,7 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
     """A whole output (or, partial, the part generated so far) -> Parsed."""
     if isinstance(fmt, Harmony):
         return fmt.parse(text, partial, reasoning, tools)
-    r, rest = split_reasoning(text, fmt.think, partial, open_think) if reasoning else ("", text)
+    r, rest = split_reasoning(text, fmt.think, partial, open_think, fmt.lstrip_reasoning) if reasoning else ("", text)
     if not tools:
         return Parsed(r, rest.lstrip() if fmt.lstrip_content is True else rest)
     try:

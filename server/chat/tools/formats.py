@@ -196,12 +196,14 @@ class DeepSeekV31(_NameArgs):
                "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
     block_open, call_open, name_end = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
     call_close, block_close = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
+    lstrip_reasoning = False           # llama-server keeps the reasoning as generated (synth golden)
 
 
 class DeepSeekR1(DeepSeekV31):
     """DeepSeek R1: function<｜tool▁sep｜>NAME ```json ARGS ```."""
 
     name = "deepseek_r1"
+    lstrip_reasoning = True
     call_open, name_end = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>", "```json"
     call_close = "```<｜tool▁call▁end｜>"
 

@@ -113,6 +113,7 @@ class Format:
     # the answer's leading whitespace: None drops it unless a think block came first
     # (llama-server's default), True always drops it, False keeps it
     lstrip_content: bool | None = None
+    lstrip_reasoning = True            # False: reasoning keeps its leading whitespace (DeepSeek V3.1)
     text_after_calls = True            # text after the last call is content (else dropped)
 
     def __init__(self, tools: list | None = None):

@@ -102,6 +102,7 @@ class Glm45(_XmlParams):
     """GLM 4.5/4.6/4.7: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>."""
 
     name = "glm"
+    lstrip_content = True              # llama-server drops the answer's leading whitespace, tools or not
     markers = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     starts = ("<tool_call>",)
     closers = ("</tool_call>",)

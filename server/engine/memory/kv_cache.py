@@ -63,7 +63,8 @@ class KVCache:
             specs = []
             for il in ils:
                 specs.append((f"cache_k_l{il}", type_k, (layers[il].n_embd_k, size)))
-                specs.append((f"cache_v_l{il}", type_v, (layers[il].n_embd_v, size)))
+                if not layers[il].v_in_k:
+                    specs.append((f"cache_v_l{il}", type_v, (layers[il].n_embd_v, size)))
             buf = backend.alloc(device, specs)
             self.buffers.append(buf)
             tensors.update(buf.tensors)

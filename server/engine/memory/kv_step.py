@@ -95,18 +95,22 @@ class KVStep:
         cache = self.cache
         head_dim_k, n_head_kv, n_tokens = k.ne[0], k.ne[1], k.ne[2]
         head_dim_v = v.ne[0]
+        kc, vc = cache.k[il], cache.v[il]
+        v_in_k = vc is None       # V: the first head_dim_v values of each K row (v only gives the width)
         rot_k = rotation_size(cache.type_k, head_dim_k, True)
-        rot_v = rotation_size(cache.type_v, head_dim_v, False)
+        rot_v = rot_k if v_in_k else rotation_size(cache.type_v, head_dim_v, False)
         if rot_k:
             q, k = _turn(g, q, self.rotation(rot_k)), _turn(g, k, self.rotation(rot_k))
-        if rot_v:
+        if rot_v and not v_in_k:
             v = _turn(g, v, self.rotation(rot_v))
-        kc, vc = cache.k[il], cache.v[il]
         g.expand(g.set_rows(kc, g.reshape(k, head_dim_k * n_head_kv, n_tokens), self.slots))
-        g.expand(g.set_rows(vc, g.reshape(v, head_dim_v * n_head_kv, n_tokens), self.slots))
+        if not v_in_k:
+            g.expand(g.set_rows(vc, g.reshape(v, head_dim_v * n_head_kv, n_tokens), self.slots))
 
         rk = ggml.row_size(cache.type_k, head_dim_k)
-        rv = ggml.row_size(cache.type_v, head_dim_v)
+        rv = rk if v_in_k else ggml.row_size(cache.type_v, head_dim_v)
+        if v_in_k:
+            vc = kc
         mask = self.masks[cache.layers[il].mask_kind]
         outs, m_off = [], 0
         for t0, t1, c0, c1, rows in self.calls:

@@ -51,7 +51,7 @@ class Snapshot:
 def row_sizes(memory: Memory) -> list:
     """Bytes per cell of each layer's K and V: [(k, v) or None]."""
     kv = memory.kv
-    return [None if k is None else (k.nb[1], v.nb[1]) for k, v in zip(kv.k, kv.v)]
+    return [None if k is None else (k.nb[1], 0 if v is None else v.nb[1]) for k, v in zip(kv.k, kv.v)]
 
 
 def _runs(cells: np.ndarray):
@@ -91,7 +91,7 @@ def capture(memory: Memory, seq: int, tokens) -> Snapshot | None:
         return b"".join(t.read_bytes(c * row, m * row) for _, c, m in runs)
 
     k = [None if t is None else read(t) for t in kv.k]
-    v = [None if t is None else read(t) for t in kv.v]
+    v = [None if kt is None else b"" if t is None else read(t) for kt, t in zip(kv.k, kv.v)]   # b"": V in K
     return Snapshot(tuple(tokens), kv.positions_of(cells).astype(np.int32), kv.span[cells].astype(np.int64),
                     k, v, states)
 
