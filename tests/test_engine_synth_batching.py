@@ -1,12 +1,12 @@
 """Batching that does not change llama.cpp's answers, for every synthetic text
-architecture of issue 16 (../shared/golden/synth): four prompts together, a prompt
+architecture of issues 16 and 31 (../shared/golden/synth): four prompts together, a prompt
 fed in chunks, a reused prefix."""
 import pytest
 
 from engine_helpers import generate, max_logprob_deviation, tokens
 from synth_golden import case, engine, steps
 
-ARCHS = ("qwen3", "phi3", "mistral3", "gemma4", "qwen3moe", "gpt-oss", "llama4")
+ARCHS = ("qwen3", "phi3", "mistral3", "gemma4", "qwen3moe", "gpt-oss", "llama4", "glm4moe", "deepseek2")
 LOGPROB_TOL = 0.01
 FOUR = ("capital", "story", "code_fib", "qa_math")
 
