@@ -17,6 +17,7 @@ class Layer:
     An optional tensor the file lacks, or one the architecture does not declare, is None."""
 
     bq = bk = bv = bo = q_norm = k_norm = sinks = attn_post_norm = ffn_post_norm = out_scale = None
+    attn_norm = ffn_norm = None     # absent: no pre-norm (OLMo 2, EXAONE 4 norm the outputs only)
     experts = None
 
     def __init__(self, w, i: int, *tables):
@@ -29,18 +30,18 @@ class Layer:
 
 
 def attention_weights(m, *, qk_norm: bool = False, qkv_bias: bool = False, out_bias: bool | None = None,
-                      v_required: bool = True, norm: str = "attn_norm", head_dim: int = 0, n_head: int = 0,
+                      v_required: bool = True, norm: str | None = "attn_norm", head_dim: int = 0, n_head: int = 0,
                       n_head_kv: int = 0) -> list:
-    """attn_norm and the q/k/v/output projections of model m's dimensions (head_dim,
-    n_head, n_head_kv override them); per-head q/k norms, optional q/k/v biases, the
-    output bias (None: not read, False: optional, True: required)."""
+    """attn_norm (None: no pre-norm) and the q/k/v/output projections of model m's
+    dimensions (head_dim, n_head, n_head_kv override them); per-head q/k norms, optional
+    q/k/v biases, the output bias (None: not read, False: optional, True: required)."""
     e, d = m.n_embd, head_dim or m.head_dim
     n_q, n_kv = d * (n_head or m.n_head), d * (n_head_kv or m.n_head_kv)
-    rows = [("attn_norm", norm + ".weight", (e,), True),
-            ("wq", "attn_q.weight", (e, n_q), True),
-            ("wk", "attn_k.weight", (e, n_kv), True),
-            ("wv", "attn_v.weight", (e, n_kv), v_required),
-            ("wo", "attn_output.weight", (n_q, e), True)]
+    rows = [("attn_norm", norm + ".weight", (e,), True)] if norm else []
+    rows += [("wq", "attn_q.weight", (e, n_q), True),
+             ("wk", "attn_k.weight", (e, n_kv), True),
+             ("wv", "attn_v.weight", (e, n_kv), v_required),
+             ("wo", "attn_output.weight", (n_q, e), True)]
     if qkv_bias:
         rows += [("bq", "attn_q.bias", (n_q,), False), ("bk", "attn_k.bias", (n_kv,), False),
                  ("bv", "attn_v.bias", (n_kv,), False)]
@@ -72,6 +73,11 @@ def post_norm_weights(m) -> list:
 def norm(g, x, w, eps: float):
     """RMS norm times its weight."""
     return g.mul(g.rms_norm(x, eps), w)
+
+
+def pre_norm(g, x, w, eps: float):
+    """A sub-layer's input norm; x as it is where the layer has none (w None)."""
+    return x if w is None else norm(g, x, w, eps)
 
 
 def linear(g, inp, w, b, x):

@@ -63,7 +63,7 @@ class Decoder:
 
     def attention_block(self, g, inp, il, L, x, temp):
         """x + attention(attn_norm(x)) (the wanted rows only, after the last layer's attention)."""
-        a = self.attention(g, inp, il, L, blocks.norm(g, x, L.attn_norm, self.eps), temp)
+        a = self.attention(g, inp, il, L, blocks.pre_norm(g, x, L.attn_norm, self.eps), temp)
         if self.pick_rows == LAST_LAYER and il == self.n_layer - 1 and inp.out_ids is not None:
             a = g.get_rows(a, inp.out_ids)
             x = g.get_rows(x, inp.out_ids)
@@ -73,7 +73,7 @@ class Decoder:
 
     def ffn_block(self, g, inp, il, L, x):
         """x + ffn(ffn_norm(x))."""
-        h = self.ffn(g, inp, il, L, blocks.norm(g, x, L.ffn_norm, self.eps))
+        h = self.ffn(g, inp, il, L, blocks.pre_norm(g, x, L.ffn_norm, self.eps))
         if L.ffn_post_norm is not None:
             h = blocks.norm(g, h, L.ffn_post_norm, self.eps)
         return g.add(h, x)
