@@ -93,7 +93,7 @@ def test_gpt_oss_chat_is_served_token_for_token_as_llama_cpp():
 # -- issue 31's dense architectures: every golden conversation (system prompt, tools,
 # multi-turn with reasoning, assistant prefill), served as llama-server served it
 
-ISSUE31_DENSE = ("olmo2",)
+ISSUE31_DENSE = ("olmo2", "smollm3")
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 _CONVERSATIONS = {}
 CONVERSATIONS = [pytest.param(arch, c["key"], id=f"{arch}-{c['key']}") for arch in ISSUE31_DENSE
@@ -127,23 +127,6 @@ def _diverges(ours, golden) -> int | None:
                 None)
 
 
-@pytest.mark.parametrize("arch,key", _known_gaps(CONVERSATIONS, messages=False))
-def test_issue31_conversation_tokens_and_logprobs_equal_llama_server(arch, key):
-    """Same prompt, same tokens up to llama.cpp's first near tie, top-5 logprobs within
-    LOGPROB_TOL up to and including the first differing step."""
-    golden, answer = _conversation(arch, key)
-    assert answer["usage"]["prompt_tokens"] == golden["prompt_tokens"]
-    ours = answer["choices"][0]["logprobs"]["content"]
-    assert len(ours) == len(golden["steps"]) and all(s["probs_available"] for s in golden["steps"])
-    end = _diverges(ours, golden)
-    for i, (t, s) in enumerate(zip(ours[:None if end is None else end + 1], golden["steps"])):
-        mine = {bytes(x["bytes"]): x["logprob"] for x in t["top_logprobs"]}
-        for x in s["top_logprobs"]:
-            assert abs(mine[bytes(x["bytes"])] - x["logprob"]) <= LOGPROB_TOL, f"step {i}"
-    if end is not None:
-        assert _top2_gap(golden["steps"][end]) < NEAR_TIE, f"diverged at step {end}"
-
-
 # where ggserve's chat layer does not yet answer as llama-server 11434 (issue 31)
 PREFILL_GAP = "llama-server's message starts with the continued assistant prefill; ggserve's holds the generated text only"
 GAPS = {("smollm3", "tools_user"): "a template without tools: llama-server 11434 renders it as is, ggserve adds the "
@@ -159,6 +142,23 @@ def _known_gaps(params, *, messages: bool):
         reason = reason or (PREFILL_GAP if messages and key == "assistant_prefill" else None)
         out.append(pytest.param(arch, key, id=p.id, marks=pytest.mark.xfail(strict=True, reason=reason) if reason else ()))
     return out
+
+
+@pytest.mark.parametrize("arch,key", _known_gaps(CONVERSATIONS, messages=False))
+def test_issue31_conversation_tokens_and_logprobs_equal_llama_server(arch, key):
+    """Same prompt, same tokens up to llama.cpp's first near tie, top-5 logprobs within
+    LOGPROB_TOL up to and including the first differing step."""
+    golden, answer = _conversation(arch, key)
+    assert answer["usage"]["prompt_tokens"] == golden["prompt_tokens"]
+    ours = answer["choices"][0]["logprobs"]["content"]
+    assert len(ours) == len(golden["steps"]) and all(s["probs_available"] for s in golden["steps"])
+    end = _diverges(ours, golden)
+    for i, (t, s) in enumerate(zip(ours[:None if end is None else end + 1], golden["steps"])):
+        mine = {bytes(x["bytes"]): x["logprob"] for x in t["top_logprobs"]}
+        for x in s["top_logprobs"]:
+            assert abs(mine[bytes(x["bytes"])] - x["logprob"]) <= LOGPROB_TOL, f"step {i}"
+    if end is not None:
+        assert _top2_gap(golden["steps"][end]) < NEAR_TIE, f"diverged at step {end}"
 
 
 @pytest.mark.parametrize("arch,key", _known_gaps(CONVERSATIONS, messages=True))
