@@ -10,7 +10,7 @@ from ggserve.native.gguf_file import GGUFFile
 from synth_golden import chat, model_path
 
 ARCHS = ("qwen3", "phi3", "mistral3", "gemma4")
-ARCHS += ("olmo2", "smollm3")             # issue 31 (golden README "Second batch")
+ARCHS += ("olmo2", "smollm3", "seed_oss")             # issue 31 (golden README "Second batch")
 GOLDEN = chat()["models"]
 CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in GOLDEN[arch]]
 
