@@ -35,6 +35,7 @@ from ggserve.server.api.llama.infill import infill
 from ggserve.server.api.llama.rerank import rerank
 from ggserve.server.api.llama.slots import SlotsAPI
 from ggserve.server.api.media import MediaConfig
+from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.api.openai import responses as responses_api
 from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
 from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
@@ -72,6 +73,7 @@ class ServerConfig(EngineConfig):
     chat_template_kwargs: dict = field(default_factory=dict)
     embd_normalize: int = 2                   # --embd-normalize: a request's default
     max_body_bytes: int = 64 * 2**20          # --max-body-mb: larger request bodies get 413
+    limits: RequestLimits = field(default_factory=RequestLimits)   # --grammar-max-*, --schema-max-*, --max-*
     sampling_defaults: dict = field(default_factory=dict)   # --temp, --top-k, ..., --seed: a request's defaults
     ignore_eos: bool = False                  # --ignore-eos: a request's default
     n_keep: int = 0                           # --keep: what a context shift keeps of a prompt

@@ -16,6 +16,7 @@ from ggserve.models.tokenizer.pretokenize import drop
 from ggserve.server.api import schemas as S
 from ggserve.server.api.errors import APIError, invalid
 from ggserve.server.api.limits import json_object, key_matches
+from ggserve.server.api.request_limits import RequestLimits, check_request
 from ggserve.server.api.owners import cache_salt, owner, presented_key
 from ggserve.server.service.metrics import Metrics
 from ggserve.server.service.service import Service
@@ -104,9 +105,16 @@ class API:
         by_key = getattr(self.cfg, "cache_isolation", "none") == "key"
         return cache_salt(self.owner(request) if by_key else "", req.cache_salt)
 
+    @property
+    def limits(self) -> RequestLimits:
+        return getattr(self.cfg, "limits", None) or RequestLimits()
+
     async def json_body(self, request: Request) -> dict:
-        """The body as a JSON object (server/api/limits.py: size, nesting, Unicode)."""
-        return await json_object(request, getattr(self.cfg, "max_body_bytes", DEFAULT_MAX_BODY))
+        """The body as a JSON object (server/api/limits.py: size, nesting, Unicode), within
+        what a request may ask for (server/api/request_limits.py)."""
+        body = await json_object(request, getattr(self.cfg, "max_body_bytes", DEFAULT_MAX_BODY))
+        check_request(body, self.limits, self.cfg.n_parallel)
+        return body
 
     def sampling(self, req: S._Sampling, n_probs: int, n: int) -> list:
         """One SamplingParams per choice (an explicit seed differs per choice)."""

@@ -213,10 +213,7 @@ def routes(sessions: StreamSessions, route) -> list:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def lookup(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError as e:
-            raise invalid(f"invalid body: {e}")
+        body = await route.api.json_body(request)       # every route's body checks (size, nesting, UTF-8)
         ids = body.get("conversation_ids") if isinstance(body, dict) else None
         ids = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
         return JSONResponse([{"conversation_id": s.conv_id, "is_done": s.done, "total_bytes": s.total,

@@ -5,7 +5,8 @@ token mask per step: its Earley parser over a lexer is fast enough to compute a
 mask for a 150k vocabulary in well under a millisecond, and it takes GBNF as
 llama.cpp writes it, JSON schema and Lark. A request's grammar is compiled and
 checked against the vocabulary once, on the prompt thread, before any token is
-generated (an invalid one is a 400). Each sequence then gets its own matcher
+generated (an invalid one is a 400), in a worker process that a grammar can neither
+stall past its timeout nor crash the server with (server/chat/grammar_worker.py). Each sequence then gets its own matcher
 (server/engine/sampling/sampler.py), used as llama.cpp's common_sampler_sample uses its grammar:
 a token is drawn from the row without the grammar, and only when the grammar
 refuses it is the row masked and the token drawn again. A mask is computed only
@@ -19,6 +20,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from ggserve.server.chat.grammar_worker import CompileFailed, CompilePool
+
+COMPILE_TIMEOUT = 10.0          # seconds a grammar may take to compile (--grammar-timeout)
+COMPILE_WORKERS = 2             # grammars compiled at once, each in its own process
 
 # One worker computes next-step masks beside the forward pass (llguidance drops the GIL).
 _POOL = ThreadPoolExecutor(1, thread_name_prefix="ggserve-grammar")
@@ -51,6 +57,7 @@ class Grammars:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._ll = None
+        self._pool: CompilePool | None = None
         self._lock = threading.Lock()
 
     @property
@@ -63,21 +70,36 @@ class Grammars:
                                                   eos_token=sorted(self.tokenizer.eog_ids))
             return self._ll
 
-    def compile(self, kind: str, text) -> "Grammar":
-        """kind: json_schema (dict or str), gbnf (llama.cpp's GBNF, or Lark), lark."""
-        from llguidance import LLMatcher, grammar_from
-        try:
-            if kind == "json_schema":
+    @property
+    def pool(self) -> CompilePool:
+        """The compile workers, which get the same vocabulary as ll_tokenizer."""
+        with self._lock:
+            if self._pool is None:
+                tok, v = self.tokenizer, _Vocab(self.tokenizer)
+                self._pool = CompilePool({"tokens": v.tokens, "special": v.special_token_ids, "bos": tok.bos_id,
+                                          "eos": sorted(tok.eog_ids), "n_vocab": tok.n_vocab}, COMPILE_WORKERS)
+            return self._pool
+
+    def compile(self, kind: str, text, timeout: float = COMPILE_TIMEOUT) -> Grammar:
+        """kind: json_schema (dict or str), gbnf (llama.cpp's GBNF, or Lark), lark. Compiled in
+        a worker process: past `timeout` seconds, or when the compiler dies, a GrammarError."""
+        if kind == "json_schema":
+            try:
                 schema = json.loads(text) if isinstance(text, str) else text
-                src = grammar_from("json_schema", json.dumps(closed_objects(schema)))
-            else:
-                src = grammar_from("gbnf" if kind == "gbnf" else "lark", text)
-        except (ValueError, TypeError) as e:
-            raise GrammarError(f"invalid {kind}: {e}") from None
-        err = LLMatcher.validate_grammar(src, self.ll_tokenizer)
-        if err and not err.startswith("WARNING"):
-            raise GrammarError(f"invalid {kind}: {err}")
+                text = json.dumps(closed_objects(schema))
+            except (ValueError, TypeError, RecursionError) as e:
+                raise GrammarError(f"invalid {kind}: {e}") from None
+        elif not isinstance(text, str):
+            raise GrammarError(f"invalid {kind}: not a string")
+        try:
+            src = self.pool.compile(kind, text, timeout)
+        except CompileFailed as e:
+            raise GrammarError(str(e)) from None
         return Grammar(src, self.ll_tokenizer)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
 
     def literal(self, text: str) -> str:
         """A Lark literal for a marker: the control token itself when the vocabulary has one."""
@@ -92,6 +114,8 @@ class Grammars:
 _ONE, _LIST, _MAP = ("items", "additionalProperties", "not", "if", "then", "else"), \
     ("prefixItems", "anyOf", "oneOf", "allOf", "items"), ("properties", "$defs", "definitions", "patternProperties")
 
+_NESTING = tuple(dict.fromkeys(_ONE + _LIST))
+
 
 def closed_objects(schema):
     """The schema as llama.cpp reads it: an object schema that lists `properties` and says
@@ -104,7 +128,7 @@ def closed_objects(schema):
     out = dict(schema)
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
-    for key in _ONE + _LIST:
+    for key in _NESTING:         # once per key: "items" is in both kinds (twice would be 2^depth calls)
         if isinstance(out.get(key), (dict, list)):
             out[key] = closed_objects(out[key])
     for key in _MAP:
@@ -120,7 +144,7 @@ class Grammar:
         self.source = source
         self.ll_tokenizer = ll_tokenizer
 
-    def matcher(self) -> "Constraint":
+    def matcher(self) -> Constraint:
         return Constraint(self)
 
 

@@ -4,11 +4,15 @@ template variables -> the template's inputs, the grammar that constrains
 decoding, and how each choice's output is parsed (server/chat/output.py)."""
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ggserve.models.chat_template import ChatTemplate
 from ggserve.server.chat import output as co
-from ggserve.server.chat.grammar import GrammarError, Grammars
+from ggserve.server.chat.grammar import COMPILE_TIMEOUT, COMPILE_WORKERS, GrammarError, Grammars
 from ggserve.server.chat.tools.grammar import tool_call_lark
 from ggserve.server.request_errors import InvalidOption
 
@@ -72,8 +76,17 @@ def _tool_names(tools: list) -> list[str]:
     return names
 
 
+# the template variables the renderer sets itself (ChatTemplate.render's arguments): not a
+# request's to set through chat_template_kwargs
+RESERVED_TEMPLATE_VARS = frozenset(inspect.signature(ChatTemplate.render).parameters) - {"self", "extra"}
+
+
 def chat_options(req, cfg, template_source: str) -> ChatOptions:
     """Check the request's tool, format and reasoning fields (400s name the field)."""
+    reserved = sorted(RESERVED_TEMPLATE_VARS & set(req.chat_template_kwargs or {}))
+    if reserved:
+        raise InvalidOption(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets "
+                            f"{'it' if len(reserved) == 1 else 'them'} itself", param="chat_template_kwargs")
     kwargs = {**cfg.chat_template_kwargs, **(req.chat_template_kwargs or {})}
     if cfg.reasoning_budget == 0:
         kwargs.setdefault("enable_thinking", False)
@@ -169,8 +182,20 @@ def completion_options(req, cfg) -> ChatOptions:
     return opts
 
 
-def compile_grammar(grammars: Grammars, opts: ChatOptions):
-    """The request's grammar, compiled and checked (runs on the prompt thread)."""
+# threads that wait for a grammar's compile worker (server/chat/grammar_worker.py): no other
+# request waits behind them (the prompt thread does not compile)
+_WAITERS = ThreadPoolExecutor(4 * COMPILE_WORKERS, thread_name_prefix="ggserve-grammar-wait")
+
+
+async def compile_grammar_async(grammars: Grammars, opts: ChatOptions, timeout: float = COMPILE_TIMEOUT):
+    """compile_grammar on a thread of its own (its worker process does the work)."""
+    if opts.grammar_kind is None:
+        return None
+    return await asyncio.wrap_future(_WAITERS.submit(compile_grammar, grammars, opts, timeout))
+
+
+def compile_grammar(grammars: Grammars, opts: ChatOptions, timeout: float = COMPILE_TIMEOUT):
+    """The request's grammar, compiled and checked, in at most `timeout` seconds."""
     if opts.grammar_kind is None:
         return None
     try:
@@ -178,8 +203,8 @@ def compile_grammar(grammars: Grammars, opts: ChatOptions):
             lark = tool_call_lark(grammars, opts.fmt, opts.grammar_text, opts.parallel)
             if lark is None:
                 return None          # a syntax the grammar cannot write: parsed, not forced
-            return grammars.compile("lark", lark)
-        return grammars.compile(opts.grammar_kind, opts.grammar_text)
+            return grammars.compile("lark", lark, timeout)
+        return grammars.compile(opts.grammar_kind, opts.grammar_text, timeout)
     except GrammarError as e:
         param = {"gbnf": "grammar", "tools": "tool_choice"}.get(opts.grammar_kind, "response_format")
         raise InvalidOption(str(e), param=param) from None

@@ -40,6 +40,7 @@ from ggserve.server.cli.serve_flags import (
     add_spec_flags,
     add_verbose_flag,
 )
+from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.default_model import default_model
 from ggserve.server.engine.speculative.speculator import SpecConfig
 
@@ -183,7 +184,8 @@ def _http_settings(args) -> dict:
         "max_queue": args.max_queue,
         "slots_endpoint": not args.no_slots, "slot_save_path": args.slot_save_path, "props_endpoint": bool(args.props),
         "webui": not args.no_webui, "tags": tags(args), "verbose": bool(args.verbose),
-        "max_body_bytes": int(args.max_body_mb * 2**20), "timeout": args.timeout}
+        "max_body_bytes": int(args.max_body_mb * 2**20), "timeout": args.timeout,
+        "limits": RequestLimits.from_args(args)}
 
 
 def _request_defaults(args, template_kwargs: dict) -> dict:

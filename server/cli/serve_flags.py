@@ -11,6 +11,7 @@ import os
 
 from ggserve.models.builtin_templates import BUILTIN
 from ggserve.server.api.limits import add_limit_flags
+from ggserve.server.api.request_limits import add_request_limit_flags
 from ggserve.server.engine.speculative.speculator import TYPES
 
 _TRUE = {"1", "true", "yes", "on", "enabled"}
@@ -248,6 +249,7 @@ def add_http_flags(p) -> None:
     _flag(p, "--metrics", env="LLAMA_ARG_ENDPOINT_METRICS", flag=True,
           help="enable the Prometheus /metrics endpoint")
     add_limit_flags(p, _flag)        # --max-body-mb, -to/--timeout, --shutdown-timeout
+    add_request_limit_flags(p, _flag)        # --grammar-max-*, --grammar-timeout, --schema-max-*, --max-*
     _flag(p, "--max-queue", env="GGSERVE_MAX_QUEUE", type=int, default=64, metavar="N",
           help="requests that may wait beyond --parallel before new ones get 429")
     _flag(p, "--cors-origins", env="GGSERVE_CORS_ORIGINS", default="*",

@@ -97,6 +97,8 @@ class Service:
             except (asyncio.CancelledError, Exception):
                 pass
         self.end_all(Unavailable("Server is shutting down"))
+        if self.grammars is not None:
+            self.grammars.close()         # its compile workers
         self._adds.clear()
         self._live.clear()
         loop = asyncio.get_running_loop()
@@ -133,8 +135,8 @@ class Service:
             self.prompts = self._make_prompts(self.engine)
             from ggserve.server.chat.grammar import Grammars
             self.grammars = Grammars(self.engine.tokenizer)
-            # llguidance's vocabulary (~1 s for 150k tokens), built before a schema needs it
-            self._prompt_executor.submit(lambda: self.grammars.ll_tokenizer)
+            # llguidance's vocabulary (~1 s for 150k tokens) and a compile worker, before a schema needs them
+            self._prompt_executor.submit(lambda: (self.grammars.ll_tokenizer, self.grammars.pool.warm()))
         except Exception as e:
             log.exception("failed to load the model")
             self.load_error = e

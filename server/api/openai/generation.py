@@ -13,7 +13,7 @@ from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.limits import check_messages
 from ggserve.server.api.media import MediaError, load_image
-from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar, completion_options
+from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar_async, completion_options
 from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.chat.prompts import Prompt
 from ggserve.server.request_errors import RequestError
@@ -151,7 +151,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest, *, salt: str) -> J
     if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
         req.logprobs, req.top_logprobs = True, req.n_probs
     opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
-    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, opts)
+    grammar = await compile_grammar_async(api.grammars, opts, api.limits.grammar_timeout)
     prompt = await chat_prompt(api, req, opts)
     n_probs = max(req.top_logprobs or 0, 1) if req.logprobs else 0
     params = api.sampling(req, n_probs, req.n)
@@ -278,7 +278,7 @@ async def completion_sampling(api: API, req, n_probs: int, n: int) -> list:
     """The sampling parameters of a prompt's n choices, each under the request's grammar
     (json_schema or grammar, else --grammar / --json-schema); /completion's too."""
     params = api.sampling(req, n_probs, n)
-    grammar = await api.service.on_prompt_thread(compile_grammar, api.grammars, completion_options(req, api.cfg))
+    grammar = await compile_grammar_async(api.grammars, completion_options(req, api.cfg), api.limits.grammar_timeout)
     for p in params:
         p.grammar = grammar
     return params

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ggserve.server.api.errors import APIError
+from ggserve.server.api.limits import parse_json, read_body
 
 MAX_INSTANCES = 128
 
@@ -63,21 +64,21 @@ def routes(existing: list, route, health) -> list:
     predict_path = _route_env("AIP_PREDICT_ROUTE", "/predict")
     if predict_path in handlers:
         raise SystemExit(f"ggserve serve: AIP_PREDICT_ROUTE={predict_path} conflicts with a ggserve route")
-    out = [route(predict_path, _predict_endpoint(handlers), ["POST"], "predict")]
+    out = [route(predict_path, _predict_endpoint(handlers, route.api), ["POST"], "predict")]
     health_path = _route_env("AIP_HEALTH_ROUTE", "")
     if health_path:
         out.append(route(health_path, health, ["GET"], "health"))
     return out
 
 
-def _predict_endpoint(handlers: dict):
+def _predict_endpoint(handlers: dict, api):
     """POST /predict over these handlers (by path): each instance answered by its own."""
     aliases: dict[str, str] = {}
     for path in handlers:
         aliases.setdefault(request_format(path), path)       # the first one wins, as llama-server
 
     async def predict(request: Request) -> Response:
-        instances = await _instances(request)
+        instances = _instances(parse_json(await read_body(request, api.cfg.max_body_bytes)))
         if isinstance(instances, Response):
             return instances
         predictions = await asyncio.gather(*(_prediction(request, i, handlers, aliases) for i in instances))
@@ -86,12 +87,9 @@ def _predict_endpoint(handlers: dict):
     return predict
 
 
-async def _instances(request: Request) -> list | Response:
-    """The body's `instances`, or the 400 that says what is wrong with it."""
-    try:
-        data = json.loads(await request.body())
-    except ValueError as e:
-        return APIError(400, str(e)).response()
+def _instances(data) -> list | Response:
+    """The body's `instances` (the body checked as every route's: size, nesting, UTF-8), or
+    the 400 that says what is wrong with it."""
     if not isinstance(data, dict):
         return APIError(400, "request body must be a JSON object").response()
     instances = data.get("instances")
