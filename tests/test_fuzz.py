@@ -96,3 +96,68 @@ def test_hostile_requests_get_no_5xx(server):
     while server.metric("ggserve_requests_running") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert server.metric("ggserve_requests_running") == 0  # nothing left generating
+
+
+# -- grammars, schemas, tools and counts (issue 36) ------------------------------------------
+
+N_LIMIT_EXAMPLES = 120
+rule_names = st.sampled_from(["root", "a", "b", "r0", "r1", "x-y", "NAME", "?opt"])
+grammar_atoms = st.sampled_from(['"a"', '"("', "[a-z]", "[^\\]]", "a", "b", "r0", "(", ")", "|", "*", "+", "?",
+                                 "{2,3}", "{0,99999}", "/[0-9]+/", "%json {}", "<[1]>", "#c\n", "\n", "::=", ":"])
+grammars = (st.lists(grammar_atoms, max_size=30).map(" ".join).map(lambda s: "root ::= " + s)
+            | st.integers(0, 2000).map(lambda n: "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} | "0"\n' for i in range(n))
+                                       + f'r{n} ::= "0"\n')
+            | st.integers(1, 200).map(lambda d: "root ::= " + "(" * d + '"a"' + ")" * d)
+            | text)
+schemas = st.recursive(
+    st.fixed_dictionaries({"type": st.sampled_from(["string", "integer", "number", "boolean", "null", "object",
+                                                    "array", "nope"])},
+                          optional={"pattern": st.sampled_from(["^a+$", "(a|b)*c", "[", "a{1,99999}", "(" * 40]),
+                                    "enum": st.lists(scalars, max_size=4), "minLength": st.integers(-1, 10**6),
+                                    "maxItems": st.integers(-1, 10**6), "format": st.sampled_from(["date", "x"])}),
+    lambda inner: st.fixed_dictionaries({"type": st.sampled_from(["object", "array"])},
+                                        optional={"properties": st.dictionaries(text, inner, max_size=3),
+                                                  "items": inner, "anyOf": st.lists(inner, max_size=3),
+                                                  "required": st.lists(text, max_size=3),
+                                                  "additionalProperties": st.booleans() | inner,
+                                                  "$ref": st.sampled_from(["#", "#/$defs/x", "#/nope"])}),
+    max_leaves=8) | json_values
+tools = st.lists(st.fixed_dictionaries({"type": st.just("function") | text, "function": st.fixed_dictionaries(
+    {"name": text | st.just("f")}, optional={"parameters": schemas, "description": text})}), max_size=3) | json_values
+counts = st.fixed_dictionaries({}, optional={
+    "n": st.integers(-1, 2**40), "n_cmpl": st.integers(-1, 2**40), "n_probs": st.integers(-1, 10**6),
+    "top_logprobs": st.integers(-1, 10**6), "logprobs": st.booleans() | st.integers(-1, 10**6),
+    "logit_bias": st.integers(0, 20_000).map(lambda k: {str(i): -1 for i in range(k)}) | json_values,
+    "stop": st.integers(0, 100).map(lambda k: ["s"] * k) | json_values})
+limit_bodies = st.fixed_dictionaries({"messages": st.just([{"role": "user", "content": "Hi"}]), "prompt": st.just("Hi"),
+                                      "max_tokens": st.just(2), "n_predict": st.just(2)},
+                                     optional={"grammar": grammars, "json_schema": schemas | schemas.map(json.dumps),
+                                               "response_format": st.fixed_dictionaries(
+                                                   {"type": st.sampled_from(["json_schema", "json_object", "x"])},
+                                                   optional={"json_schema": st.fixed_dictionaries(
+                                                       {"name": st.just("x"), "schema": schemas}),
+                                                       "schema": schemas}),
+                                               "tools": tools, "tool_choice": st.sampled_from(["required", "auto"]),
+                                               "chat_template_kwargs": st.dictionaries(
+                                                   st.sampled_from(["messages", "tools", "add_generation_prompt",
+                                                                    "enable_thinking", "image_marker"]), scalars,
+                                                   max_size=2)}).flatmap(
+    lambda b: counts.map(lambda c: {**b, **c}))
+
+
+def test_grammars_schemas_tools_and_counts_get_no_5xx(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+
+        @settings(max_examples=N_LIMIT_EXAMPLES, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.sampled_from(["/v1/chat/completions", "/v1/completions", "/completion", "/v1/messages",
+                                "/v1/responses", "/apply-template"]), limit_bodies)
+        def post(path, body):
+            check(client.post(path, content=json.dumps(body).encode()))
+
+        post()
+    assert httpx.get(server.url + "/health").status_code == 200
+    deadline = time.monotonic() + 30
+    while server.metric("ggserve_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.metric("ggserve_requests_running") == 0
