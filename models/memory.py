@@ -85,3 +85,8 @@ class RecurrentStep(Protocol):
 
     def store(self, g, il: int, i: int, new) -> None:
         """Write the batch's new state i of layer il back (f32 [size, n_seqs])."""
+
+    def rows(self, g, il: int, i: int):
+        """State tensor i of layer il whole (f32 [size, n_rows]) and the rows of the
+        batch's sequences in it (i32 [n_seqs]), for an op that reads them itself
+        (ggml_ssm_scan, as llama.cpp's build_rs hands it the states and their ids)."""

@@ -48,6 +48,8 @@ _MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
                  "attn_gate", "ssm_alpha", "ssm_beta", "ssm_out",
                  # qwen3next: beta and alpha in one matrix
                  "ssm_ba",
+                 # Mamba-2's input projection (not ssm_conv1d: the kernel of ssm_conv)
+                 "ssm_in",
                  # lfm2's short-conv layers (not shortconv.conv: the kernel of ssm_conv)
                  "shortconv.in_proj", "shortconv.out_proj")
 

@@ -353,7 +353,8 @@ cdef class Backend:
             g.was_allocated = True
             self._allocated = g
         for t, arr in inputs.items():
-            t.write(arr)
+            if t.ptr.buffer != NULL:     # an input no op reads (a model without rope: the positions) has none
+                t.write(arr)
         with nogil:
             st = ggml_backend_sched_graph_compute(self.sched, g.gf)
         if st != GGML_STATUS_SUCCESS:

@@ -149,9 +149,11 @@ cdef extern from "ggml.h":
     ggml_tensor * ggml_swiglu_oai(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, float alpha, float limit)
     ggml_tensor * ggml_repeat_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
     void ggml_flash_attn_ext_add_sinks(ggml_tensor * a, ggml_tensor * sinks)
-    # recurrent layers (gated delta net), M-RoPE
+    # recurrent layers (gated delta net, Mamba-2), M-RoPE
     ggml_tensor * ggml_softplus(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_ssm_conv(ggml_context * ctx, ggml_tensor * sx, ggml_tensor * c)
+    ggml_tensor * ggml_ssm_scan(ggml_context * ctx, ggml_tensor * s, ggml_tensor * x, ggml_tensor * dt,
+                                ggml_tensor * A, ggml_tensor * B, ggml_tensor * C, ggml_tensor * ids, int64_t K)
     ggml_tensor * ggml_gated_delta_net(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                        ggml_tensor * g, ggml_tensor * beta, ggml_tensor * state, int64_t K)
     ggml_tensor * ggml_rope_multi(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c,

@@ -227,7 +227,7 @@ cdef class Graph:
     def repeat_4d(self, Tensor a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3=1):
         return self._t(ggml_repeat_4d(self.ctx, a.ptr, ne0, ne1, ne2, ne3))
 
-    # -- recurrent layers (gated delta net), M-RoPE ---------------------------------
+    # -- recurrent layers (gated delta net, Mamba-2), M-RoPE ------------------------
 
     def softplus(self, Tensor a): return self._t(ggml_softplus(self.ctx, a.ptr))
 
@@ -236,6 +236,14 @@ cdef class Graph:
         (the previous d_conv - 1 inputs, then the new ones), c [d_conv, channels]
         -> [channels, n_tokens, n_seqs]."""
         return self._t(ggml_ssm_conv(self.ctx, sx.ptr, c.ptr))
+
+    def ssm_scan(self, Tensor s, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor ids):
+        """Mamba-2's selective scan: states s [d_state, head_dim, n_head, n_rows] (the
+        sequences' rows picked by ids, i32 [n_seqs]), x [head_dim, n_head, n_tokens, n_seqs],
+        dt [n_head, n_tokens, n_seqs], A [1, n_head], B and C [d_state, n_group, n_tokens,
+        n_seqs] -> f32 holding y (as x) followed by the final states [d_state, head_dim,
+        n_head, n_seqs]."""
+        return self._t(ggml_ssm_scan(self.ctx, s.ptr, x.ptr, dt.ptr, A.ptr, B.ptr, C.ptr, ids.ptr, 1))
 
     def gated_delta_net(self, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state):
         """q, k [S, H_k, n_tokens, n_seqs], v [S, H_v, n_tokens, n_seqs], g and beta

@@ -9,6 +9,7 @@ from synth_golden import case, engine, steps
 ARCHS = ("qwen3", "phi3", "mistral3", "gemma4", "qwen3moe", "gpt-oss", "llama4", "glm4moe", "deepseek2")
 LOGPROB_TOL = 0.01
 ARCHS += ("olmo2", "smollm3", "seed_oss")             # issue 31 dense
+ARCHS += ("exaone4",)
 FOUR = ("capital", "story", "code_fib", "qa_math")
 
 

@@ -17,7 +17,7 @@ from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.chat.prompts import PromptBuilder
 from ggserve.server.engine.engine import Request
 
-ARCHS = ("qwen3next", "lfm2")
+ARCHS = ("qwen3next", "lfm2", "granitehybrid")
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.01
 CASES = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in completions()["models"][a]]
@@ -87,10 +87,15 @@ def test_chat_renders_tokenizes_and_answers_as_llama_server(engines, arch, conv)
     req = golden["request"]
     text = e.chat_template.render(req["messages"], add_generation_prompt=True, tools=req.get("tools"))
     assert text == conv["prompt"]
-    prompt = PromptBuilder.for_engine(e).chat(req["messages"], tools=req.get("tools")).tokens
-    assert prompt == conv["prompt_ids_add_special_parse_special"]
-    assert golden["prompt_tokens"] == len(prompt)
-    _assert_same_as_llama_cpp(_solo(engines, arch, prompt, len(golden["generated_ids"])), golden)
+    prompt = PromptBuilder.for_engine(e).chat(req["messages"], tools=req.get("tools"))
+    assert prompt.tokens == conv["prompt_ids_add_special_parse_special"]
+    assert golden["prompt_tokens"] == len(prompt.tokens)
+    # as llama-server ran it: the prompt's chunks end at its checkpoints (the user
+    # message's start among them), which llama.cpp's kernels see as separate ubatches
+    e.clear_cache()
+    r = Request("r", prompt.tokens, GREEDY, max_tokens=len(golden["generated_ids"]), ignore_eos=True,
+                turn_starts=prompt.turn_starts)
+    _assert_same_as_llama_cpp(generate_requests(e, [r])["r"], golden)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -238,3 +243,19 @@ def test_lfm2_short_conv_projections_are_repacked_as_llama_cpp_repacks_them():
     names = matmul_weight_names(GGUFFile(model_path("lfm2")).tensors)
     assert {"blk.0.shortconv.in_proj.weight", "blk.0.shortconv.out_proj.weight", "blk.1.attn_q.weight"} <= names
     assert "blk.0.shortconv.conv.weight" not in names and "token_embd_norm.weight" not in names
+
+
+def test_granitehybrid_layer_kinds_scales_and_state_sizes():
+    m = _build("granitehybrid")
+    assert m.is_recurrent == [True, True, False, True]          # head_count_kv [0, 0, 2, 0]
+    assert (m.embd_scale, m.kq_scale, m.logit_scale) == (12.0, 0.0078125, 8.0) and not m.use_rope
+    specs = m.memory_layers(lambda il: None)
+    # per sequence: the last 3 inputs of 192 conv channels (x | B | C), a 32 x 32 scan state per head of 4
+    assert specs[0].sizes == (3 * 192, 32 * 128)
+    assert type(specs[2]).__name__ == "LayerKV" and specs[2].n_embd_k == 2 * 16
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.ssm_in.weight", "blk.1.ssm_conv1d.bias", "blk.3.ssm_d"])
+def test_granitehybrid_missing_tensor_names_file_and_tensor(tensor):
+    with pytest.raises(ModelError, match=rf"synth-granitehybrid-.*\.gguf: missing tensor '{tensor}'"):
+        _build("granitehybrid", drop={tensor})

@@ -72,7 +72,7 @@ class Engine:
         self.n_pos = getattr(self.model, "n_pos", 1)
         self.memory = Memory(self.backend, self.model.memory_layers(lm.device_of_layer), kv_size=self.kv_size,
                              n_seqs=n_parallel, type_k=ggml.type_by_name(cfg.cache_type_k),
-                             type_v=ggml.type_by_name(cfg.cache_type_v), n_pos=self.n_pos)
+                             type_v=ggml.type_by_name(cfg.cache_type_v), n_pos=self.n_pos, n_ubatch=n_batch)
         self.kv = self.memory.kv
         self.context_shift = cfg.context_shift and context_shift_supported(self.model, self.memory, self.vision)
         if cfg.context_shift and not self.context_shift:

@@ -54,7 +54,10 @@ class GraphRunner:
             pos = g.input("pos", ggml.I32, (n_batch * self.n_pos,))
             n_logits = min(n_batch, n_seqs)
             out_ids = None if all_rows else g.input("out_ids", ggml.I32, (n_logits,))
-            st = kv.declare(g, n_batch, kv.worst_case_calls(n_batch, self.parity.min_attention_rows))
+            worst = kv.worst_case_calls(n_batch, self.parity.min_attention_rows)
+            ring = self.memory.swa
+            st = self.memory.declare(g, n_batch, worst,
+                                     ring.worst_case_calls(n_batch, self.parity.min_attention_rows) if ring else None)
             inp = ForwardInputs(tokens, pos, out_ids, st, n_batch)
             if all_rows:
                 inp.logit_rows = g.input("logit_rows", ggml.I32, (n_logits,))
@@ -87,13 +90,19 @@ class GraphRunner:
         all_out = n_out == n
         ubatches = self.parity.ubatches(batch.chunks)
         calls = self.parity.attention_calls(batch.seq_ids, ubatches, kv.view_for, cells)
-        threads = self.parity.n_threads(calls, n_threads, self.full_threads)
+        ring = self.memory.swa
+        ring_calls = self.parity.attention_calls(batch.seq_ids, ubatches, ring.view_for, self.memory.ring_cells()) \
+            if ring is not None else []
+        threads = self.parity.n_threads(calls + ring_calls, n_threads, self.full_threads)
         if threads != self.backend.n_threads:
             self.backend.set_n_threads(threads)
         plans = self.parity.row_plans(batch.positions[0], ubatches, n if all_out else max(1, n_out)) \
             if self.parity.kinds else []
         values = {"pos": batch.positions.ravel(),
                   **kv.step_values(cells, batch.seq_ids, batch.positions[0], batch.span_ids, calls)}
+        if ring is not None:
+            values.update(ring.step_values(self.memory.ring_cells(), batch.seq_ids, batch.positions[0],
+                                           batch.span_ids, ring_calls))
         if hasattr(self.model, "step_values"):      # a model's own per-row inputs (llama4's temperature)
             values.update(self.model.step_values(batch.positions))
         for plan in plans:
@@ -116,14 +125,14 @@ class GraphRunner:
             seqs, _ = batch.per_sequence()        # state rows in batch order
             values.update(self.memory.recurrent.step_values(np.asarray(seqs, dtype=np.int64)))
         # the graph is a function of these; the values above are its inputs
-        key = (n, n_tok, all_out or n_out, n_logit_rows, tuple(calls), tuple(p.key for p in plans),
+        key = (n, n_tok, all_out or n_out, n_logit_rows, tuple(calls), tuple(ring_calls), tuple(p.key for p in plans),
                tuple(r[1] for r in seq_rows))
         built = self._graph
         if blocks or built is None or built.key != key or not self.backend.holds(built.graph):
             if built is not None:
                 built.graph.close()
             built = self._graph = self._build(key, n, n_tok, None if all_out else max(1, n_out), n_logit_rows,
-                                              calls, plans, blocks, seqs, seq_rows)
+                                              (calls, ring_calls), plans, blocks, seqs, seq_rows)
             self.graph_builds += 1
         try:
             t = time.perf_counter()
@@ -178,7 +187,7 @@ class GraphRunner:
             t_tokens = g.input("tokens", ggml.I32, (n_tok,)) if n_tok else None
             t_pos = g.input("pos", ggml.I32, (n * self.n_pos,))
             t_out = g.input("out_ids", ggml.I32, (n_out,)) if n_out is not None else None
-            inp = ForwardInputs(t_tokens, t_pos, t_out, self.memory.kv.declare(g, n, calls), n, seq_rows=seq_rows)
+            inp = ForwardInputs(t_tokens, t_pos, t_out, self.memory.declare(g, n, *calls), n, seq_rows=seq_rows)
             if seqs is not None:
                 inp.recurrent = self.memory.recurrent.step(g, seqs)
             if plans:

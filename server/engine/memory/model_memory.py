@@ -10,6 +10,7 @@ import numpy as np
 from ggserve.models.memory import LayerKV, LayerRecurrent
 from ggserve.server.engine.memory.kv_cache import KVCache
 from ggserve.server.engine.memory.recurrent_state import RecurrentState
+from ggserve.server.engine.memory.swa_ring import SplitStep, SwaRing, ring_size
 
 CHECKPOINT_TAIL = 4     # ref: llama.cpp tools/server/server-context.cpp, checkpoint_offsets
 N_CTX_PAD = 256         # llama.cpp pads context sizes to a multiple of this (llama-context.cpp)
@@ -37,17 +38,31 @@ def context_sizes(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) 
 
 
 class Memory:
-    def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1):
+    def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1,
+                 n_ubatch: int = 512):
         self.backend = backend
         attention = [s if isinstance(s, LayerKV) else None for s in specs]
         recurrent = [s if isinstance(s, LayerRecurrent) else None for s in specs]
+        # window_cache layers keep their K/V in a ring of their own (swa_ring.py)
+        self.in_ring = [s is not None and s.window_cache for s in attention]
+        self.swa = None
+        if any(self.in_ring):
+            ring = [s if r else None for s, r in zip(attention, self.in_ring)]
+            per_seq = ring_size(max(s.sliding_window for s in ring if s), n_ubatch, kv_size // max(1, n_seqs))
+            self.swa = SwaRing(backend, ring, per_seq, max(1, n_seqs), type_k, type_v)
+            attention = [None if r else s for s, r in zip(attention, self.in_ring)]
+        self.n_ubatch = n_ubatch
+        self._ring_cells = np.zeros(0, dtype=np.int64)
         # every model keeps a KV cache (it also records which tokens each sequence
         # holds); layers without attention get no K/V storage in it
         self.kv = KVCache(backend, attention, kv_size, type_k, type_v, n_regions=n_seqs, n_pos=n_pos)
+        self.kv.has_swa |= self.swa is not None
         self.recurrent = RecurrentState(backend, recurrent, n_seqs) if any(recurrent) else None
 
     def close(self) -> None:
         self.kv.close()
+        if self.swa is not None:
+            self.swa.close()
         if self.recurrent is not None:
             self.recurrent.close()
 
@@ -57,6 +72,8 @@ class Memory:
 
     def nbytes_by_device(self) -> dict:
         out = dict(self.kv.nbytes_by_device())
+        for name, n in (self.swa.nbytes_by_device() if self.swa is not None else {}).items():
+            out[name] = out.get(name, 0) + n
         if self.recurrent is not None:
             for name, n in self.recurrent.nbytes_by_device().items():
                 out[name] = out.get(name, 0) + n
@@ -84,12 +101,16 @@ class Memory:
     def reusable(self, seq: int, n: int) -> int:
         """How many of n cached tokens seq can keep (or give to another sequence):
         all of them, or with a recurrent state, as many as it has a state for."""
+        if self.swa is not None and not self.swa.holds_window(seq, n):
+            return 0        # the ring lost positions the next token's window shows: computed again
         return n if self.recurrent is None else self.recurrent.reusable(seq, n)
 
     def keep(self, seq: int, n: int, pos: int) -> None:
         """seq keeps its first n tokens (n from `reusable`), those before position pos,
         and drops the rest."""
         self.kv.seq_rm(seq, pos)
+        if self.swa is not None:
+            self.swa.seq_rm(seq, pos)
         if self.recurrent is not None:
             if n == 0:
                 self.recurrent.alloc(seq)
@@ -99,7 +120,7 @@ class Memory:
     def take_prefix(self, src: int, dst: int, n: int, pos: int) -> bool:
         """dst drops what it holds and gets src's first n tokens (n > 0, those before
         position pos); False (nothing changed) when src has no recurrent state there."""
-        if n <= 0 or self.reusable(src, n) != n:
+        if n <= 0 or self.reusable(src, n) != n or self.swa is not None:    # a ring is not copied
             return False
         self.kv.seq_rm(dst)
         if self.recurrent is not None:
@@ -113,7 +134,7 @@ class Memory:
         n_discard after them move back to follow the kept ones, keys re-rotated
         (llama-server's context shift: seq_rm, seq_add). False (nothing done) where
         memory cannot: a recurrent state, M-RoPE, or cells shared with another sequence."""
-        if self.recurrent is not None or not self.kv.owns(seq, n_keep):
+        if self.recurrent is not None or self.swa is not None or not self.kv.owns(seq, n_keep):
             return False
         self.kv.seq_rm(seq, n_keep, n_keep + n_discard)
         self.kv.seq_add(self.backend, model, seq, n_keep + n_discard, n_past, -n_discard)
@@ -121,11 +142,15 @@ class Memory:
 
     def free(self, seq: int) -> None:
         self.kv.seq_rm(seq)
+        if self.swa is not None:
+            self.swa.seq_rm(seq)
         if self.recurrent is not None:
             self.recurrent.free(seq)
 
     def clear(self) -> None:
         self.kv.clear()
+        if self.swa is not None:
+            self.swa.clear()
         if self.recurrent is not None:
             for s in range(self.recurrent.n_seqs):
                 self.recurrent.free(s)
@@ -137,7 +162,27 @@ class Memory:
         (The step writes new recurrent states beside the live ones: see end_step.)"""
         cells = self.kv.find_cells_for(seqs, counts)
         self.kv.commit(cells, seq_ids, positions, spans)
+        if self.swa is not None:      # each sequence's rows ubatch by ubatch, as llama.cpp places them
+            first = np.asarray(positions).reshape(-1, len(cells))[0]
+            ring = np.zeros(len(cells), dtype=np.int64)
+            for seq in dict.fromkeys(np.asarray(seq_ids).tolist()):
+                rows = np.flatnonzero(np.asarray(seq_ids) == seq)
+                for a in range(0, len(rows), self.n_ubatch):
+                    part = rows[a:a + self.n_ubatch]
+                    ring[part] = self.swa.place(seq, first[part])
+            self._ring_cells = ring
         return cells
+
+    def ring_cells(self) -> np.ndarray:
+        """The ring cells of the last step's rows (begin_step), in row order."""
+        return self._ring_cells
+
+    def declare(self, g, n_tokens: int, calls, ring_calls=None):
+        """The step's AttentionStep: the main cache's, split with the ring's when there is one."""
+        main = self.kv.declare(g, n_tokens, calls)
+        if self.swa is None:
+            return main
+        return SplitStep(main, self.swa.declare(g, n_tokens, ring_calls), self.in_ring)
 
     def end_step(self, seqs: list[int], counts: list[int], save=()) -> None:
         """The step succeeded: the recurrent states it wrote become the live ones, and
@@ -150,9 +195,16 @@ class Memory:
         """Cells a step wrote that its sequence does not keep (rejected drafted tokens,
         the last of their sequence's cells) are free again. Only without recurrent
         state, which cannot be cut back (cuts_anywhere)."""
+        if self.swa is not None:      # the same tokens' ring cells (one sequence per cell)
+            for c in cells.tolist():
+                seq = int(self.kv.seqs[c]).bit_length() - 1
+                if seq >= 0:
+                    self.swa.seq_rm(seq, int(self.kv.pos[c]), int(self.kv.pos[c]) + 1)
         self.kv.rollback(cells)
 
     def undo_step(self, cells: np.ndarray, seqs: list[int]) -> None:
         """The step failed: its cells are free and each state is as before it (the
         live state was only read)."""
+        if self.swa is not None:
+            self.swa.rollback(self._ring_cells)
         self.kv.rollback(cells)

@@ -195,11 +195,14 @@ class RecurrentStateStep:
 
     def __init__(self, states: RecurrentState, rows, rows_out):
         self.states = states
-        self.rows = rows
+        self.live_rows = rows
         self.rows_out = rows_out
 
     def state(self, g, il: int, i: int):
-        return g.get_rows(self.states.tensors[(il, i)], self.rows)
+        return g.get_rows(self.states.tensors[(il, i)], self.live_rows)
 
     def store(self, g, il: int, i: int, new) -> None:
         g.expand(g.set_rows(self.states.tensors[(il, i)], new, self.rows_out))
+
+    def rows(self, g, il: int, i: int):
+        return self.states.tensors[(il, i)], self.live_rows

@@ -73,7 +73,7 @@ def _cells(memory: Memory, seq: int) -> np.ndarray:
 def capture(memory: Memory, seq: int, tokens) -> Snapshot | None:
     """The memory of seq, which holds exactly these tokens; None when it cannot be
     taken (cells that do not match the tokens, or no recurrent state to give back)."""
-    if not tokens:
+    if not tokens or memory.swa is not None:     # a sliding-window ring is not snapshotted
         return None
     states = None
     if memory.recurrent is not None:
@@ -101,7 +101,7 @@ def restore(memory: Memory, seq: int, snap: Snapshot, n: int | None = None) -> i
     from `reusable`), in the cells it would have computed them in. -> n; 0 when
     there is no room."""
     n = snap.n if n is None else n
-    if n <= 0 or snap.reusable(n) != n:
+    if n <= 0 or snap.reusable(n) != n or memory.swa is not None:
         return 0
     kv = memory.kv
     try:
