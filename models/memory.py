@@ -31,6 +31,10 @@ class LayerKV:
     sliding_window: int = 0     # 0: global attention
     chunk: int = 0              # 0: not chunked
     v_in_k: bool = False
+    # a sliding-window layer kept, as llama.cpp's iSWA cache keeps it, in cells of its
+    # own: a ring of window + ubatch cells per sequence, whose placement decides the
+    # order flash attention visits the cells in (opt-in while other SWA models keep theirs)
+    window_cache: bool = False
 
     @property
     def mask_kind(self) -> tuple[int, int]:
