@@ -9,8 +9,10 @@ factors `rope_freqs.weight`. A layer without `attn_v` uses its K projection as V
 (before the norms). q and k are RMS-normed with weights, v without; attention
 scale 1; post-attention and post-FFN norms; GELU FFN; each layer's output times
 `layer_output_scale`; embeddings scaled by sqrt(n_embd); final logits soft-capped.
-Not here: per-layer embeddings (E2B/E4B), shared-KV layers and MoE layers (26B-A4B):
-such files are refused at load.
+E2B/E4B: per-layer embeddings (models/gemma4e.py) mixed in before the output scale, and
+the last `attention.shared_kv_layers` layers project no K/V: they attend over the
+cache of the last earlier layer of their kind, which holds nothing for them.
+Not here: MoE layers (26B-A4B): such files are refused at load.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 from ggserve.native import ggml
 from ggserve.models import blocks
 from ggserve.models.decoder import AFTER_NORM, Decoder
+from ggserve.models.gemma4e import PerLayerEmbeddings, shared_kv_sources
 from ggserve.models.hparams import HParams
 from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError, register
@@ -65,25 +68,65 @@ class Gemma4Model(Decoder):
         self.n_ctx_orig = hp.get("context_length", 0)
         self.embd_scale = math.sqrt(self.n_embd)
         self.softcap = hp.get("final_logit_softcapping", 0.0)
-        for key in ("embedding_length_per_layer_input", "attention.shared_kv_layers", "expert_count"):
-            if hp.get(key, 0):
-                raise ModelError(f"{path}: Gemma 4 with {self.arch}.{key} = {hp.get(key)} is not supported "
-                                 "(per-layer embeddings, shared KV layers and MoE layers are not implemented)")
+        if hp.get("expert_count", 0):
+            raise ModelError(f"{path}: Gemma 4 with {self.arch}.expert_count = {hp.get('expert_count')} is not "
+                             "supported (MoE layers are not implemented)")
         if len(self.swa) != n:
             raise ModelError(f"{path}: attention.sliding_window_pattern has {len(self.swa)} entries for {n} layers")
+        self.kv_from = shared_kv_sources(self.swa, hp.get("attention.shared_kv_layers", 0), path)
 
         w = Weights(tensors, path)
         w.embeddings_and_output(self)
+        n_ple = hp.get("embedding_length_per_layer_input", 0)
+        # E2B/E4B keep their sliding-window layers in llama.cpp's window + ubatch ring (its
+        # KV size); the dense files keep them over the whole context: with the ring, the
+        # dense golden's long_code logprobs drift from llama.cpp's at step 43 (0.09)
+        self.window_ring = bool(n_ple or hp.get("attention.shared_kv_layers", 0))
+        self.per_layer = PerLayerEmbeddings(w, self.n_embd, n_ple, n, self.eps) if n_ple else None
         self.rope_freqs = w.get("rope_freqs.weight", (full_dim // 2,), required=not all(self.swa))
-        self.layers = [blocks.Layer(w, i, blocks.attention_weights(self, qk_norm=True, v_required=False, head_dim=self.head_dim[i],
-                                                               n_head=self.n_head[i], n_head_kv=self.n_head_kv[i]),
-                                    blocks.ffn_weights(self, self.n_ff[i]), blocks.post_norm_weights(self),
-                                    [("out_scale", "layer_output_scale.weight", (1,), False)])
+        self.layers = [blocks.Layer(w, i, self._attention_weights(i), blocks.ffn_weights(self, self.n_ff[i]),
+                                    blocks.post_norm_weights(self),
+                                    [("out_scale", "layer_output_scale.weight", (1,), False)],
+                                    self.per_layer.weights() if self.per_layer else [])
                        for i in range(n)]
 
+    def _attention_weights(self, il: int) -> list:
+        """A layer reading another layer's K/V needs no K projection or K norm."""
+        rows = blocks.attention_weights(self, qk_norm=True, v_required=False, head_dim=self.head_dim[il],
+                                        n_head=self.n_head[il], n_head_kv=self.n_head_kv[il])
+        if self.kv_from[il] == il:
+            return rows
+        return [(a, name, shape, req and a not in ("wk", "k_norm")) for a, name, shape, req in rows]
+
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
-        return [LayerKV(self.head_dim[i] * self.n_head_kv[i], self.head_dim[i] * self.n_head_kv[i],
-                        device_of_layer(i), self.window if self.swa[i] else 0) for i in range(self.n_layer)]
+        """A shared layer reads the cache of the layer it names; sliding-window layers of
+        E-models in a window + ubatch ring (llama.cpp's iSWA cache)."""
+        def spec(il):
+            src = self.kv_from[il]
+            n = self.head_dim[src] * self.n_head_kv[src]
+            return LayerKV(n, n, device_of_layer(src), self.window if self.swa[il] else 0,
+                           kv_from=-1 if src == il else src, window_cache=self.swa[il] and self.window_ring)
+        return [spec(il) for il in range(self.n_layer)]
+
+    def forward(self, g, inp):
+        """-> logits [n_vocab, n_outputs]; Decoder's, with the per-layer inputs mixed in."""
+        x = inp.embed(g, self.tok_embd, self.embd_scale)                 # [n_embd, n_tokens]
+        per_layer = self.per_layer.inputs(g, inp, x) if self.per_layer else None
+        for il, L in enumerate(self.layers):
+            x = self.ffn_block(g, inp, il, L, self.attention_block(g, inp, il, L, x, None))
+            if per_layer is not None:
+                x = self.per_layer.mix(g, inp, il, L, x, per_layer)
+            if L.out_scale is not None:
+                x = g.mul(x, L.out_scale)
+        return self.head(g, inp, x)
+
+    def attention(self, g, inp, il, L, h, temp):
+        """q (and k, v unless the layer reads another layer's) normed and roped, the cache's attention."""
+        if self.kv_from[il] == il:
+            return super().attention(g, inp, il, L, h, temp)
+        q = g.reshape(inp.mm(g, L.wq, h), self.head_dim[il], self.n_head[il], inp.n_tokens)
+        q = self.rope(g, il, blocks.norm(g, q, L.q_norm, self.eps), inp.positions)
+        return blocks.linear(g, inp, L.wo, L.bo, inp.kv.attention(g, il, q, None, None, self.kq_scale))
 
     def qkv(self, g, inp, il, L, h):
         """A layer's own head sizes; V is the K projection when attn_v is absent, and RMS-normed."""

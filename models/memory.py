@@ -23,7 +23,9 @@ class LayerKV:
     (0: all), or only those of its own `chunk`-position chunk (llama4's chunked
     attention; 0: no chunks). With `v_in_k` nothing is stored for V: it is read as the
     first n_embd_v values of each K row (MLA's compressed cache, llama.cpp's K-only
-    cache for absorbed MLA)."""
+    cache for absorbed MLA). With `kv_from` >= 0 the layer stores nothing and attends
+    over the K/V of layer `kv_from` (llama.cpp's shared KV layers, Gemma 4 E2B/E4B:
+    widths and mask kind as that layer's)."""
 
     n_embd_k: int
     n_embd_v: int
@@ -31,6 +33,7 @@ class LayerKV:
     sliding_window: int = 0     # 0: global attention
     chunk: int = 0              # 0: not chunked
     v_in_k: bool = False
+    kv_from: int = -1           # >= 0: reads that layer's K/V, stores none
     # a sliding-window layer kept, as llama.cpp's iSWA cache keeps it, in cells of its
     # own: a ring of window + ubatch cells per sequence, whose placement decides the
     # order flash attention visits the cells in (opt-in while other SWA models keep theirs)
@@ -61,7 +64,8 @@ class AttentionStep(Protocol):
 
     def attention(self, g, il: int, q, k, v, scale: float, softcap: float = 0.0, sinks=None):
         """Store this batch's k, v for layer il and attend q over the sequence's cells
-        (sinks: f32 [n_head] attention-sink logits, or None)."""
+        (sinks: f32 [n_head] attention-sink logits, or None). k, v None: a layer whose
+        spec has `kv_from` attends over that layer's cells, storing nothing."""
 
 
 def equal_blocks(seq_rows) -> list[tuple[int, int, int, int]]:

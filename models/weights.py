@@ -51,7 +51,9 @@ _MATMUL_PARTS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
                  # Mamba-2's input projection (not ssm_conv1d: the kernel of ssm_conv)
                  "ssm_in",
                  # lfm2's short-conv layers (not shortconv.conv: the kernel of ssm_conv)
-                 "shortconv.in_proj", "shortconv.out_proj")
+                 "shortconv.in_proj", "shortconv.out_proj",
+                 # gemma4's per-layer embeddings: gate and projection of each layer
+                 "inp_gate", "proj")
 
 
 def matmul_weight_names(names) -> set[str]:

@@ -10,6 +10,7 @@ ARCHS = ("qwen3", "phi3", "mistral3", "gemma4", "qwen3moe", "gpt-oss", "llama4",
 LOGPROB_TOL = 0.01
 ARCHS += ("olmo2", "smollm3", "seed_oss")             # issue 31 dense
 ARCHS += ("exaone4",)
+ARCHS += ("gemma4e",)                                 # Gemma 4 E: per-layer embeddings, shared KV
 FOUR = ("capital", "story", "code_fib", "qa_math")
 
 

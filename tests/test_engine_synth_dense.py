@@ -11,6 +11,7 @@ ARCHS = ("qwen3", "phi3", "mistral3", "gemma4")
 ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss")      # issue 31 (golden README "Second batch")
 ARCHS += ISSUE31_DENSE
 ARCHS += ("exaone4",)                                # EXAONE 4: hybrid attention, its SWA layers in a ring
+ARCHS += ("gemma4e",)                                # Gemma 4 E: per-layer embeddings, shared KV
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.01
 GOLDEN = completions()["models"]

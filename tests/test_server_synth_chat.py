@@ -93,7 +93,7 @@ def test_gpt_oss_chat_is_served_token_for_token_as_llama_cpp():
 # -- issue 31's dense architectures: every golden conversation (system prompt, tools,
 # multi-turn with reasoning, assistant prefill), served as llama-server served it
 
-ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss")
+ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss", "gemma4e")
 ISSUE31_DENSE += ("exaone4",)
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 _CONVERSATIONS = {}

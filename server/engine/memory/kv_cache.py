@@ -55,7 +55,7 @@ class KVCache:
         self.k, self.v = [], []
         by_device = {}
         for il, layer in enumerate(layers):     # None: a layer without attention (hybrid models)
-            if layer is None:
+            if layer is None or layer.kv_from >= 0:     # kv_from: reads another layer's K/V
                 continue
             by_device.setdefault(layer.device, []).append(il)
         tensors = {}

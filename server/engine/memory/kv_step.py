@@ -90,28 +90,39 @@ class KVStep:
 
         q: [head_dim, n_head, n_tokens], k/v: [head_dim, n_head_kv, n_tokens]
         -> [head_dim * n_head, n_tokens]; sinks: f32 [n_head] attention-sink logits
-        (ggml's flash_attn_ext sinks, gpt-oss), or None.
+        (ggml's flash_attn_ext sinks, gpt-oss), or None. k, v None: the layer's spec
+        has `kv_from`, and q attends over that layer's cells (nothing stored).
         """
         cache = self.cache
-        head_dim_k, n_head_kv, n_tokens = k.ne[0], k.ne[1], k.ne[2]
-        head_dim_v = v.ne[0]
-        kc, vc = cache.k[il], cache.v[il]
+        layer = cache.layers[il]
+        src = il if layer.kv_from < 0 else layer.kv_from     # kv_from: another layer's K/V, k and v None
+        n_tokens = q.ne[2]
+        if k is None:
+            head_dim_k = q.ne[0]
+            n_head_kv = layer.n_embd_k // head_dim_k
+            head_dim_v = layer.n_embd_v // n_head_kv
+        else:
+            head_dim_k, n_head_kv, head_dim_v = k.ne[0], k.ne[1], v.ne[0]
+        kc, vc = cache.k[src], cache.v[src]
         v_in_k = vc is None       # V: the first head_dim_v values of each K row (v only gives the width)
         rot_k = rotation_size(cache.type_k, head_dim_k, True)
         rot_v = rot_k if v_in_k else rotation_size(cache.type_v, head_dim_v, False)
         if rot_k:
-            q, k = _turn(g, q, self.rotation(rot_k)), _turn(g, k, self.rotation(rot_k))
-        if rot_v and not v_in_k:
-            v = _turn(g, v, self.rotation(rot_v))
-        g.expand(g.set_rows(kc, g.reshape(k, head_dim_k * n_head_kv, n_tokens), self.slots))
-        if not v_in_k:
-            g.expand(g.set_rows(vc, g.reshape(v, head_dim_v * n_head_kv, n_tokens), self.slots))
+            q = _turn(g, q, self.rotation(rot_k))
+        if k is not None:
+            if rot_k:
+                k = _turn(g, k, self.rotation(rot_k))
+            if rot_v and not v_in_k:
+                v = _turn(g, v, self.rotation(rot_v))
+            g.expand(g.set_rows(kc, g.reshape(k, head_dim_k * n_head_kv, n_tokens), self.slots))
+            if not v_in_k:
+                g.expand(g.set_rows(vc, g.reshape(v, head_dim_v * n_head_kv, n_tokens), self.slots))
 
         rk = ggml.row_size(cache.type_k, head_dim_k)
         rv = rk if v_in_k else ggml.row_size(cache.type_v, head_dim_v)
         if v_in_k:
             vc = kc
-        mask = self.masks[cache.layers[il].mask_kind]
+        mask = self.masks[layer.mask_kind]
         outs, m_off = [], 0
         for t0, t1, c0, c1, rows in self.calls:
             cells = c1 - c0
