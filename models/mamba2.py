@@ -46,7 +46,7 @@ class Mamba2:
                 ("ssm_dt_b", "ssm_dt.bias", (h,), True),
                 ("ssm_a", "ssm_a", (1, h), True),
                 ("ssm_d", "ssm_d", (1, h), True),
-                ("ssm_norm", "ssm_norm.weight", (self.d_inner // self.n_group,), False),
+                ("ssm_norm", "ssm_norm.weight", (self.d_inner // self.n_group,), True),
                 ("ssm_out", "ssm_out.weight", (self.d_inner, e), True)]
 
     def memory(self, device) -> LayerRecurrent:
@@ -73,10 +73,8 @@ class Mamba2:
         inp.recurrent.store(g, il, 1, _join(g, new_ssm))
         z = g.cont(g.view(zxbcdt, (self.d_inner, n), (nb,), 0))
         y = g.swiglu(z, _join(g, outs))                                    # silu(z) * y  [d_inner, n]
-        if L.ssm_norm is not None:                                         # grouped RMS norm
-            y = g.reshape(y, self.d_inner // self.n_group, self.n_group, n)
-            y = g.mul(g.rms_norm(y, self.eps), L.ssm_norm)
-            y = g.reshape(y, self.d_inner, n)
+        y = g.reshape(y, self.d_inner // self.n_group, self.n_group, n)   # grouped RMS norm
+        y = g.reshape(g.mul(g.rms_norm(y, self.eps), L.ssm_norm), self.d_inner, n)
         return inp.mm(g, L.ssm_out, y)
 
     def _block(self, g, L, zxbcdt, conv_states, ssm_all, ssm_rows, r0, nt, s0, ns):

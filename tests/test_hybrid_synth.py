@@ -1,10 +1,13 @@
 """Issue 31's recurrent/hybrid architectures (qwen3next: gated delta net + gated
-attention + MoE with a gated shared expert; lfm2: short-conv layers + attention)
+attention + MoE with a gated shared expert; lfm2: short-conv layers + attention;
+granitehybrid: Mamba-2 + attention with Granite's scales; nemotron_h: Mamba-2,
+attention and squared-ReLU MLP blocks)
 against llama.cpp 11434 on their synthetic golden models (../shared/golden/synth:
 random weights, real vocabularies and chat templates): every golden completion and
 chat, the chats rendered and served as llama-server answered them, and the
 recurrent state through batching, chunking and a 3-turn chat reusing its prefix."""
 import httpx
+import numpy as np
 import pytest
 from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
 from server_harness import RunningServer
@@ -17,7 +20,7 @@ from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.chat.prompts import PromptBuilder
 from ggserve.server.engine.engine import Request
 
-ARCHS = ("qwen3next", "lfm2", "granitehybrid")
+ARCHS = ("qwen3next", "lfm2", "granitehybrid", "nemotron_h")
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.01
 CASES = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in completions()["models"][a]]
@@ -145,11 +148,19 @@ def test_a_three_turn_chat_reuses_its_prefix_and_answers_as_fresh(engines, arch)
         # the prompts part after the previous generation prompt: the state saved
         # 4 tokens before the previous prompt's end is restored
         assert answer[0].n_cached == len(previous.prompt) - 4
-    for req, answer in zip(reqs, answers):
-        _same_events(answer, _solo(engines, arch, req.prompt, 12))
+    for messages, answer in zip(turns, answers):   # each prompt alone, cut at the same checkpoints
+        e.clear_cache()
+        fresh = _chat_request(e, "fresh", messages, 12)
+        _same_events(answer, generate_requests(e, [fresh])["fresh"])
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+# where ggserve's chat layer does not yet parse the message as llama-server 11434 does
+SERVED_GAPS = {"nemotron_h": "llama-server keeps the reasoning's leading space for this template; ggserve's "
+                             "chat layer (its Hermes format) trims it"}
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=SERVED_GAPS[a]))
+                                  if a in SERVED_GAPS else a for a in ARCHS])
 def test_served_chat_equals_llama_servers_message(arch):
     conv = next(c for c in chat()["models"][arch] if c["key"] == "system_user")
     golden = conv["chat_completion"]
@@ -163,9 +174,11 @@ def test_served_chat_equals_llama_servers_message(arch):
     choice = out["choices"][0]
     assert out["usage"]["prompt_tokens"] == golden["prompt_tokens"]
     assert choice["finish_reason"] == golden["finish_reason"]
-    # the parsed message as llama-server parsed it (content only: no reasoning, no tool calls)
+    # the parsed message as llama-server parsed it (no tool calls; reasoning only where its
+    # template opens a think block: nemotron_h's whole answer is reasoning)
     assert {k: choice["message"].get(k) for k in golden["message"]} == golden["message"]
-    assert not choice["message"].get("reasoning_content") and not choice["message"].get("tool_calls")
+    assert not choice["message"].get("tool_calls")
+    assert bool(choice["message"].get("reasoning_content")) == bool(golden["message"].get("reasoning_content"))
     ours = choice["logprobs"]["content"]
     assert b"".join(bytes(t["bytes"]) for t in ours) == b"".join(bytes(s.get("bytes", b"")) for s in golden["steps"])
     pairs = [(t, s) for t, s in zip(ours, golden["steps"]) if s["probs_available"]]
@@ -259,3 +272,20 @@ def test_granitehybrid_layer_kinds_scales_and_state_sizes():
 def test_granitehybrid_missing_tensor_names_file_and_tensor(tensor):
     with pytest.raises(ModelError, match=rf"synth-granitehybrid-.*\.gguf: missing tensor '{tensor}'"):
         _build("granitehybrid", drop={tensor})
+
+
+def test_nemotron_h_block_kinds_follow_head_count_kv_and_ffn_length():
+    m = _build("nemotron_h")
+    assert m.kinds == ["mamba2", "mlp", "mamba2", "attention", "mamba2", "mlp"]
+    specs = m.memory_layers(lambda il: None)
+    # per sequence: the last 3 inputs of 128 conv channels (x | B | C of 2 groups), a 16 x 16 scan state per head of 4
+    assert specs[0].sizes == (3 * 128, 16 * 64)
+    assert specs[1] is None and type(specs[3]).__name__ == "LayerKV" and specs[3].n_embd_k == 2 * 32
+    assert m.output is not m.tok_embd and m.eps == np.float32(1e-5)
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.ssm_norm.weight", "blk.1.ffn_up.weight", "blk.3.attn_k.weight",
+                                    "blk.5.ffn_down.weight"])
+def test_nemotron_h_missing_tensor_names_file_and_tensor(tensor):
+    with pytest.raises(ModelError, match=rf"synth-nemotron_h-.*\.gguf: missing tensor '{tensor}'"):
+        _build("nemotron_h", drop={tensor})
