@@ -13,6 +13,7 @@ ARCHS = ("qwen3", "phi3", "mistral3", "gemma4")
 ARCHS += ("olmo2", "smollm3", "seed_oss")             # issue 31 (golden README "Second batch")
 ARCHS += ("exaone4",)
 ARCHS += ("gemma4e",)
+ARCHS += ("cohere2",)
 GOLDEN = chat()["models"]
 CASES = [pytest.param(arch, c, id=f"{arch}-{c['key']}") for arch in ARCHS for c in GOLDEN[arch]]
 

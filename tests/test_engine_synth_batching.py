@@ -11,6 +11,7 @@ LOGPROB_TOL = 0.01
 ARCHS += ("olmo2", "smollm3", "seed_oss")             # issue 31 dense
 ARCHS += ("exaone4",)
 ARCHS += ("gemma4e",)                                 # Gemma 4 E: per-layer embeddings, shared KV
+ARCHS += ("cohere2",)                                 # Command R7B: parallel blocks, SWA layers in a ring
 FOUR = ("capital", "story", "code_fib", "qa_math")
 
 

@@ -12,6 +12,7 @@ ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss")      # issue 31 (golden README 
 ARCHS += ISSUE31_DENSE
 ARCHS += ("exaone4",)                                # EXAONE 4: hybrid attention, its SWA layers in a ring
 ARCHS += ("gemma4e",)                                # Gemma 4 E: per-layer embeddings, shared KV
+ARCHS += ("cohere2",)                                # Command R7B: parallel blocks, SWA layers in a ring
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 LOGPROB_TOL = 0.01
 GOLDEN = completions()["models"]

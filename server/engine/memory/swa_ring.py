@@ -91,10 +91,12 @@ class SwaRing(KVCache):
 
     def view_for(self, seq: int, upto: int | None = None) -> tuple[int, int]:
         """llama.cpp's n_kv: from the ring's first cell, its used cells padded to 256
-        (up to cell `upto` when given)."""
+        (used_max_p1). With `upto`, as the step of that cell's row alone saw it: the
+        cells holding that row's position or an earlier one; in a wrapped ring these
+        reach past the row's own cell."""
         r0, r1 = self._region(seq)
         mine = self._cells_of(seq)
-        last = int(mine[-1]) if upto is None else upto
+        last = int(mine[-1]) if upto is None else max(upto, int(mine[self.pos[mine] <= self.pos[upto]].max()))
         return r0, r0 + min(r1 - r0, max(N_KV_PAD, -(-(last + 1 - r0) // N_KV_PAD) * N_KV_PAD))
 
     def step_values(self, cells, seq_ids, positions, spans, calls) -> dict[str, np.ndarray]:
