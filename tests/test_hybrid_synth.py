@@ -155,8 +155,7 @@ def test_a_three_turn_chat_reuses_its_prefix_and_answers_as_fresh(engines, arch)
 
 
 # where ggserve's chat layer does not yet parse the message as llama-server 11434 does
-SERVED_GAPS = {"nemotron_h": "llama-server keeps the reasoning's leading space for this template; ggserve's "
-                             "chat layer (its Hermes format) trims it"}
+SERVED_GAPS = {}
 
 
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=SERVED_GAPS[a]))

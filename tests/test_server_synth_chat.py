@@ -95,6 +95,7 @@ def test_gpt_oss_chat_is_served_token_for_token_as_llama_cpp():
 
 ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss", "gemma4e")
 ISSUE31_DENSE += ("exaone4",)
+ISSUE31_DENSE += ("glm4moe", "deepseek2")     # MoE, served whole as the dense ones
 NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
 _CONVERSATIONS = {}
 CONVERSATIONS = [pytest.param(arch, c["key"], id=f"{arch}-{c['key']}") for arch in ISSUE31_DENSE
@@ -129,10 +130,7 @@ def _diverges(ours, golden) -> int | None:
 
 
 # where ggserve's chat layer does not yet answer as llama-server 11434 (issue 31)
-PREFILL_GAP = "llama-server's message starts with the continued assistant prefill; ggserve's holds the generated text only"
-GAPS = {("smollm3", "tools_user"): "a template without tools: llama-server 11434 renders it as is, ggserve adds the "
-                                   "generic format's tools system message",
-        ("smollm3", "reasoning_multi_turn"): "llama-server trims the content's leading space for this template"}
+GAPS = {}
 
 
 def _known_gaps(params, *, messages: bool):
@@ -140,7 +138,6 @@ def _known_gaps(params, *, messages: bool):
     for p in params:
         arch, key = p.values
         reason = GAPS.get((arch, key)) if messages or key == "tools_user" else None
-        reason = reason or (PREFILL_GAP if messages and key == "assistant_prefill" else None)
         out.append(pytest.param(arch, key, id=p.id, marks=pytest.mark.xfail(strict=True, reason=reason) if reason else ()))
     return out
 

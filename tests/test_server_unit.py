@@ -151,7 +151,7 @@ class FakeTokenizer:
     def decode(self, ids):
         return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
 
-    def token_bytes(self, i):
+    def token_bytes(self, i, special=True):
         return bytes([i]) if i < 256 else (b"<s>" if i == 256 else b"</s>")
 
     def is_eog(self, i):

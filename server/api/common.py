@@ -164,7 +164,8 @@ class API:
 
     def logprob_tokens(self, entries) -> list[tuple[bytes, float, list[tuple[bytes, float]]]]:
         tb = self.service.engine.tokenizer.token_bytes
-        return [(tb(t), lp, [(tb(u), v) for u, v in top]) for t, lp, top in entries]
+        # the alternatives as llama-server shows them: a control token's text is empty
+        return [(tb(t), lp, [(tb(u, special=False), v) for u, v in top]) for t, lp, top in entries]
 
     # -- endpoints --------------------------------------------------------------------
 

@@ -30,28 +30,25 @@ class ChatOptions:
 
     def messages(self, msgs: list[dict], template=None) -> list[dict]:
         """Messages as the template wants them: earlier calls' arguments as objects for
-        templates that expect them (as llama.cpp probes), and the generic format's
-        tools in a system message (the template has no place for them)."""
+        templates that expect them (as llama.cpp probes). Nothing is injected for a
+        template that does not describe tools: llama.cpp 11434 renders every template
+        through its autoparser (common/chat.cpp, common_chat_templates_apply_jinja),
+        which passes `tools` to the template and adds no system message; only its
+        generic fallback, taken when the analysis fails, writes one."""
         if template is not None and any(m.get("tool_calls") for m in msgs) \
                 and _arguments_kind(template) == "object":
             msgs = co.object_arguments(msgs)
-        if not isinstance(self.fmt, co.Generic) or not self.tools:
-            return msgs
-        import json
-        text = ("You can call any of the following tools to satisfy the user's requests: "
-                + json.dumps(self.tools, ensure_ascii=False, indent=2)
-                + '\n\nRespond in JSON: {"tool_call": {"name": ..., "arguments": {...}}} to call a tool, '
-                  'or {"response": "..."} to answer.')
-        if msgs and msgs[0]["role"] == "system" and isinstance(msgs[0]["content"], str):
-            return [{**msgs[0], "content": msgs[0]["content"] + "\n\n" + text}] + msgs[1:]
-        return [{"role": "system", "content": text}] + msgs
+        return msgs
 
-    def output(self, prompt_text: str):
-        """Factory of each choice's ChatOutput, given the rendered prompt."""
+    def output(self, prompt_text: str, prefill: str = ""):
+        """Factory of each choice's ChatOutput, given the rendered prompt. prefill: the
+        continued final assistant message's text, which llama-server parses with the
+        generated text (the message starts with it), reasoning not extracted
+        (server-common.cpp: a prefill sets reasoning_format none)."""
         fmt = self.syntax or co.Format()
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
-        return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning,
-                                 tools=self.fmt is not None, open_think=open_think)
+        return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning and not prefill,
+                                 tools=self.fmt is not None, open_think=open_think, prefill=prefill)
 
 
 _KINDS: dict[int, str] = {}
@@ -101,6 +98,7 @@ def chat_options(req, cfg, template_source: str) -> ChatOptions:
     opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
                        parallel=req.parallel_tool_calls and not isinstance(choice, dict))
     opts.syntax = co.detect(template_source)(tools)
+    opts.syntax.reasoning_template = bool(opts.syntax.think[0]) and opts.syntax.think[0] in template_source
     if tools:
         opts.fmt = opts.syntax
     _constrain(opts, req, cfg, forced)

@@ -71,9 +71,12 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
     """A whole output (or, partial, the part generated so far) -> Parsed."""
     if isinstance(fmt, Harmony):
         return fmt.parse(text, partial, reasoning, tools)
-    r, rest = split_reasoning(text, fmt.think, partial, open_think, fmt.lstrip_reasoning) if reasoning else ("", text)
+    lstrip = fmt.lstrip_open_reasoning if open_think else fmt.lstrip_reasoning
+    r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning) \
+        if reasoning else ("", text)
     if not tools:
-        return Parsed(r, rest.lstrip() if fmt.lstrip_content is True else rest)
+        strip = fmt.lstrip_content is True or fmt.lstrip_content is None and fmt.reasoning_template and rest is text
+        return Parsed(r, rest.lstrip() if strip else rest)
     try:
         content, calls = fmt.split_calls(rest, partial)
     except Malformed:
@@ -140,10 +143,10 @@ class ChatOutput:
     """One choice's streamed text -> deltas in OpenAI's shape (see the module doc)."""
 
     def __init__(self, fmt: Format, *, reasoning: bool = True, tools: bool = True,
-                 open_think: bool = False):
+                 open_think: bool = False, prefill: str = ""):
         self.fmt = fmt
         self.opts = dict(reasoning=reasoning, tools=tools, open_think=open_think)
-        self.text = ""
+        self.text = prefill               # a continued assistant message: parsed with what follows
         self.reasoning = ""
         self.content = ""
         self.calls: list[dict] = []      # OpenAI tool_calls, as emitted so far

@@ -35,6 +35,17 @@ def continuation(req: S.ChatCompletionRequest, msgs: list[dict]) -> tuple[bool, 
     return cont, agp
 
 
+def prefill(req: S.ChatCompletionRequest) -> str:
+    """The text of the final assistant message a chat continues ("": none): llama-server's
+    parsed message starts with it."""
+    last = req.messages[-1] if req.messages else None
+    if last is None or last.role != "assistant" or req.continue_final_message == "reasoning_content":
+        return ""
+    if isinstance(last.content, list):
+        return "".join(p.text or "" for p in last.content if p.type == "text")
+    return last.content or ""
+
+
 async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions):
     """Messages -> Prompt. Image parts are fetched/decoded (server/api/media.py) and
     become the media marker in the rendered template; the service's prompt
@@ -160,7 +171,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest, *, salt: str) -> J
     fmt = opts.syntax or Format()
     return await api.service.submit([prompt] * req.n, params, req.limit, n_keep=api.n_keep(req),
                                     ignore_eos=req.ignore_eos, stops=req.stop,
-                                    output=opts.output(prompt.text), id_slot=req.id_slot,
+                                    output=opts.output(prompt.text, prefill(req)), id_slot=req.id_slot,
                                     progress=req.stream and req.return_progress, cache_salt=salt,
                                     show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
 

@@ -15,6 +15,7 @@ class Hermes(Format):
     """Hermes 2 Pro / Qwen 2.5 / Qwen3: <tool_call>{"name", "arguments"}</tool_call>."""
 
     name = "hermes"
+    lstrip_open_reasoning = False
     markers = ("<tool_call>", "</tool_call>")
     starts = ("<tool_call>",)
 
@@ -229,6 +230,7 @@ class Generic(Format):
     whole output is {"tool_call": {...}}, {"tool_calls": [...]} or {"response": ...}."""
 
     name = "generic"
+    lstrip_open_reasoning = False
     starts = ("{",)
 
     def split_calls(self, text, partial):

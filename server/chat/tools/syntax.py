@@ -114,6 +114,14 @@ class Format:
     # (llama-server's default), True always drops it, False keeps it
     lstrip_content: bool | None = None
     lstrip_reasoning = True            # False: reasoning keeps its leading whitespace (DeepSeek V3.1)
+    # reasoning in a think block the prompt opened: llama.cpp 11434's autoparser (the
+    # families without a parser of their own: Hermes, generic) consumes the generation
+    # prompt's tag and keeps the generated text's leading whitespace (False)
+    lstrip_open_reasoning = True
+    # the template writes think tags (set per template): llama.cpp's autoparser then
+    # skips the answer's leading whitespace, tools or not (chat-auto-parser-generator.cpp:
+    # only a template without reasoning is parsed as pure content)
+    reasoning_template = False
     text_after_calls = True            # text after the last call is content (else dropped)
 
     def __init__(self, tools: list | None = None):
