@@ -173,6 +173,7 @@ def test_issue31_conversation_message_equals_llama_servers_parsed_message(arch, 
     assert message.get("reasoning_content") == golden["message"].get("reasoning_content")
     assert message.get("tool_calls") == golden["message"].get("tool_calls")
 
+
 # -- cohere2 (Command R7B): llama-server answers every golden chat with a 500 (its
 # Command R7B parser rejects the random model's text), so, as for gpt-oss, its
 # /completion of the /apply-template prompt is the reference
