@@ -250,7 +250,9 @@ def test_final_assistant_message_is_continued(server):
         "prompt": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
                   "<|im_end|>\n<|im_start|>user\nCount to five.<|im_end|>\n<|im_start|>assistant\n1, 2, 3,",
         "temperature": 0, "max_tokens": 6}).json()
-    assert r["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
+    # llama-server 11434's message starts with the prefill (../shared/golden/synth/out/synth_chat.json,
+    # every assistant_prefill conversation: content = prefill + generated_text_raw)
+    assert r["choices"][0]["message"]["content"] == "1, 2, 3," + plain["choices"][0]["text"]
 
 
 def test_logit_bias_list_form_and_n_predict(server):
