@@ -9,9 +9,9 @@ recurrent state through batching, chunking and a 3-turn chat reusing its prefix.
 import httpx
 import numpy as np
 import pytest
-from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
+from engine_helpers import GREEDY, generate, generate_requests, tokens
 from server_harness import RunningServer
-from synth_golden import chat, completions, engine, model_path, steps
+from synth_golden import LOGPROB_TOL, assert_same_as_llama_cpp, chat, completions, engine, model_path
 
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.weights import matmul_weight_names
@@ -21,34 +21,12 @@ from ggserve.server.chat.prompts import PromptBuilder
 from ggserve.server.engine.engine import Request
 
 ARCHS = ("qwen3next", "lfm2", "granitehybrid", "nemotron_h")
-NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
-LOGPROB_TOL = 0.01
 CASES = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in completions()["models"][a]]
 CHATS = [pytest.param(a, c, id=f"{a}-{c['key']}") for a in ARCHS for c in chat()["models"][a]]
 
 
 def _case(arch: str, key: str) -> dict:
     return next(c for c in completions()["models"][arch] if c["key"] == key)
-
-
-def _gap(step: dict) -> float:
-    top = sorted((t["logprob"] for t in step["top_logprobs"]), reverse=True)
-    return top[0] - top[1]
-
-
-def _assert_same_as_llama_cpp(events, golden: dict) -> None:
-    """Greedy ids equal up to a near tie of llama.cpp's; top-5 logprobs within LOGPROB_TOL up to there."""
-    ours, gold = tokens(events), golden["generated_ids"]
-    i = next((i for i, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
-    if i is not None:
-        step = golden["steps"][i]
-        assert step["probs_available"] and _gap(step) < NEAR_TIE, f"diverged at step {i}: {ours[i]} vs {gold[i]}"
-    else:
-        assert ours == gold
-    n = len(gold) if i is None else i
-    worst = max_logprob_deviation(events[:n], steps(golden)[:n])
-    print(f"max |logprob difference| {worst:.5f}")       # reported with pytest -s
-    assert worst <= LOGPROB_TOL
 
 
 def _same_events(a, b) -> None:
@@ -80,7 +58,7 @@ def _solo(engines, arch: str, prompt: list[int], n: int):
 
 @pytest.mark.parametrize("arch,case", CASES)
 def test_completion_equals_llama_cpp(engines, arch, case):
-    _assert_same_as_llama_cpp(_solo(engines, arch, case["prompt_ids"], len(case["generated_ids"])), case)
+    assert_same_as_llama_cpp(_solo(engines, arch, case["prompt_ids"], len(case["generated_ids"])), case)
 
 
 @pytest.mark.parametrize("arch,conv", CHATS)
@@ -98,7 +76,7 @@ def test_chat_renders_tokenizes_and_answers_as_llama_server(engines, arch, conv)
     e.clear_cache()
     r = Request("r", prompt.tokens, GREEDY, max_tokens=len(golden["generated_ids"]), ignore_eos=True,
                 turn_starts=prompt.turn_starts)
-    _assert_same_as_llama_cpp(generate_requests(e, [r])["r"], golden)
+    assert_same_as_llama_cpp(generate_requests(e, [r])["r"], golden)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -125,7 +103,7 @@ def test_a_prompt_longer_than_a_batch_equals_it_unbatched(engines, arch):
         _same_events(events, generate(whole, {"r": case["prompt_ids"]}, 48)["r"])
     finally:
         whole.close()
-    _assert_same_as_llama_cpp(events, case)
+    assert_same_as_llama_cpp(events, case)
 
 
 def _chat_request(e, rid: str, messages: list[dict], n: int) -> Request:

@@ -11,40 +11,13 @@ from ggserve.native.gguf_file import GGUFFile, TensorInfo
 from ggserve.server.app import ServerConfig, create_app
 from ggserve.server.engine.engine import EngineConfig, Engine, Request
 from ggserve.server.chat.prompts import PromptBuilder
-from engine_helpers import GREEDY, generate, generate_requests, max_logprob_deviation, tokens
+from engine_helpers import GREEDY, generate, generate_requests, tokens
 from server_harness import RunningServer
-from synth_golden import chat, completions, model_path
+from synth_golden import LOGPROB_TOL, assert_same_as_llama_cpp, chat, completions, model_path
 
 ARCH = "qwen35"
 CASES = {c["key"]: c for c in completions()["models"][ARCH]}
 CHATS = {c["key"]: c for c in chat()["models"][ARCH]}
-NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
-LOGPROB_TOL = 0.01
-
-
-def _steps(golden: dict) -> list[dict]:
-    """Golden steps as engine_helpers.max_logprob_deviation reads them."""
-    return [{"id": s["id"], "probs_available": s["probs_available"],
-             "top_logprobs": [(t["id"], t["logprob"]) for t in s.get("top_logprobs", [])]} for s in golden["steps"]]
-
-
-def _gap(step: dict) -> float:
-    top = sorted((t["logprob"] for t in step["top_logprobs"]), reverse=True)
-    return top[0] - top[1]
-
-
-def _assert_same_as_llama_cpp(events, golden: dict) -> None:
-    """Greedy ids equal up to a near-tie of llama.cpp's; top-5 logprobs within LOGPROB_TOL."""
-    ours, gold = tokens(events), golden["generated_ids"]
-    i = next((i for i, (a, b) in enumerate(zip(ours, gold)) if a != b), None)
-    if i is not None:
-        step = golden["steps"][i]
-        assert step["probs_available"] and _gap(step) < NEAR_TIE, f"diverged at step {i}: {ours[i]} vs {gold[i]}"
-    else:
-        assert ours == gold
-    worst = max_logprob_deviation(events, _steps(golden))
-    print(f"max |logprob difference| {worst:.5f}")       # reported with pytest -s
-    assert worst <= LOGPROB_TOL
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +48,7 @@ def _same_events(a, b) -> None:
 @pytest.mark.parametrize("key", list(CASES))
 def test_completion_equals_llama_cpp(engine, key):
     case = CASES[key]
-    _assert_same_as_llama_cpp(solo(engine, case["prompt_ids"], len(case["generated_ids"])), case)
+    assert_same_as_llama_cpp(solo(engine, case["prompt_ids"], len(case["generated_ids"])), case)
 
 
 @pytest.mark.parametrize("key", list(CHATS))
@@ -95,7 +68,7 @@ def test_chat_completion_equals_llama_server(engine, key):
     golden = conv["chat_completion"]
     prompt = conv["prompt_ids_add_special_parse_special"]
     assert golden["prompt_tokens"] == len(prompt)
-    _assert_same_as_llama_cpp(solo(engine, prompt, len(golden["generated_ids"])), golden)
+    assert_same_as_llama_cpp(solo(engine, prompt, len(golden["generated_ids"])), golden)
 
 
 def test_four_prompts_batched_equal_each_alone(engine):
@@ -113,7 +86,7 @@ def test_prompt_fed_in_chunks_equals_it_fed_whole():
         events = generate(chunked, {"r": prompt}, 48)["r"]
     finally:
         chunked.close()
-    _assert_same_as_llama_cpp(events, CASES["long_prose"])
+    assert_same_as_llama_cpp(events, CASES["long_prose"])
 
 
 def test_a_prefix_ending_where_the_state_ends_is_reused_and_equals_a_fresh_prompt(engine):
