@@ -23,6 +23,7 @@ from ggserve.server.chat.prompts import Prompt, PromptBuilder
 from ggserve.server.service.errors import EngineFailed, QueueFull, ServiceError, Unavailable
 from ggserve.server.service.jobs import Choice, Job
 from ggserve.server.service.metrics import Metrics
+from ggserve.server.service.requests import engine_requests
 
 log = logging.getLogger("ggserve.server")
 
@@ -178,7 +179,6 @@ class Service:
         self._check_usable()
         if max_tokens is None and not embed:
             max_tokens = self.default_max_tokens          # -n (-1: until the context)
-        n_ctx = self.engine.n_ctx
         outstanding = len(self._live) + sum(len(j.choices) for j, _ in self._adds)
         if outstanding + len(prompts) > self.n_parallel + self.max_queue:
             raise QueueFull("Server is busy: too many requests queued; retry later",
@@ -193,23 +193,10 @@ class Service:
         choices = [Choice(f"{base}-{i}", tok, decoder(), stops, output() if output else None)
                    for i in range(len(prompts))]
         job = Job([p.tokens for p in prompts], choices, self.cancel)
-        requests = []
-        for p, c, prm in zip(prompts, job.choices, params):
-            # (with context shift a generation goes past the context: llama-server's n_predict -1 is endless)
-            room = 2**31 - 1 if getattr(self.engine, "context_shift", False) else max(0, n_ctx - len(p.tokens))
-            limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
-            extra = {"images": list(p.images)} if p.images else {}
-            if p.turn_starts:
-                extra["turn_starts"] = tuple(p.turn_starts)
-            if p.positions is not None:
-                extra["positions"] = p.positions
-            extra.update({k: v for k, v in (("embed", embed), ("progress", progress), ("n_keep", n_keep),
-                                            ("cache_salt", cache_salt)) if v})
-            if id_slot >= 0 and not requests:
-                extra["id_slot"] = id_slot
-            requests.append(self._make_request(id=c.request_id, prompt=list(p.tokens), params=prm,
-                                               max_tokens=limit, ignore_eos=ignore_eos, **extra))
-        job.requests = requests
+        job.requests = engine_requests(
+            self._make_request, prompts, job.choices, params, max_tokens=max_tokens, n_ctx=self.engine.n_ctx,
+            context_shift=getattr(self.engine, "context_shift", False), ignore_eos=ignore_eos, id_slot=id_slot,
+            embed=embed, progress=progress, n_keep=n_keep, cache_salt=cache_salt)
         fut = asyncio.get_running_loop().create_future()
         self._adds.append((job, fut))
         self._wake.set()
