@@ -28,3 +28,11 @@ class HParams:
         model.head_dim = self.get("attention.key_length", model.n_embd // model.n_head)
         model.n_ff = self.get("feed_forward_length", required=True)
         model.eps = self.get("attention.layer_norm_rms_epsilon", eps_default)
+
+    def read_linear_rope(self, model) -> None:
+        """rope_base, rope_scale (1 / factor under linear scaling, else 1) and
+        n_ctx_orig (the scaling's original context, else the trained one)."""
+        model.rope_base = self.get("rope.freq_base", 10000.0)
+        factor = self.get("rope.scaling.factor", 0.0)
+        model.rope_scale = 1.0 / factor if self.get("rope.scaling.type", "none") == "linear" and factor else 1.0
+        model.n_ctx_orig = self.get("rope.scaling.original_context_length", self.get("context_length", 0))

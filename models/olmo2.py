@@ -28,11 +28,8 @@ class Olmo2Model(Decoder):
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
         hp.read_transformer(self, 1e-6)
-        self.rope_base = hp.get("rope.freq_base", 10000.0)
+        hp.read_linear_rope(self)
         self.rope_base_swa = hp.get("rope.freq_base_swa", self.rope_base)
-        factor = hp.get("rope.scaling.factor", 0.0)
-        self.rope_scale = 1.0 / factor if hp.get("rope.scaling.type", "none") == "linear" and factor else 1.0
-        self.n_ctx_orig = hp.get("rope.scaling.original_context_length", hp.get("context_length", 0))
         self.kq_scale = 1.0 / math.sqrt(self.head_dim)
         self.window = hp.get("attention.sliding_window", 0)
         if self.window:

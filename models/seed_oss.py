@@ -23,10 +23,7 @@ class SeedOssModel(Decoder):
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
         hp.read_transformer(self, 1e-6)
-        self.rope_base = hp.get("rope.freq_base", 10000.0)
-        factor = hp.get("rope.scaling.factor", 0.0)
-        self.rope_scale = 1.0 / factor if hp.get("rope.scaling.type", "none") == "linear" and factor else 1.0
-        self.n_ctx_orig = hp.get("rope.scaling.original_context_length", hp.get("context_length", 0))
+        hp.read_linear_rope(self)
         self.kq_scale = hp.get("attention.scale", 0.0) or 1.0 / math.sqrt(self.head_dim)
 
         w = Weights(tensors, path)

@@ -132,12 +132,7 @@ def test_a_three_turn_chat_reuses_its_prefix_and_answers_as_fresh(engines, arch)
         _same_events(answer, generate_requests(e, [fresh])["fresh"])
 
 
-# where ggserve's chat layer does not yet parse the message as llama-server 11434 does
-SERVED_GAPS = {}
-
-
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=SERVED_GAPS[a]))
-                                  if a in SERVED_GAPS else a for a in ARCHS])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_served_chat_equals_llama_servers_message(arch):
     conv = next(c for c in chat()["models"][arch] if c["key"] == "system_user")
     golden = conv["chat_completion"]

@@ -10,7 +10,7 @@ import pytest
 from ggserve.models import chat_template
 from ggserve.server.app import ServerConfig, create_app
 from server_harness import RunningServer
-from synth_golden import chat, model_path
+from synth_golden import NEAR_TIE, chat, model_path, top2_gap
 
 ARCHS = ("qwen3", "phi3", "mistral3", "gemma4", "qwen3moe", "llama4")
 LOGPROB_TOL = 0.01
@@ -93,10 +93,8 @@ def test_gpt_oss_chat_is_served_token_for_token_as_llama_cpp():
 # -- issue 31's dense architectures: every golden conversation (system prompt, tools,
 # multi-turn with reasoning, assistant prefill), served as llama-server served it
 
-ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss", "gemma4e")
-ISSUE31_DENSE += ("exaone4",)
-ISSUE31_DENSE += ("glm4moe", "deepseek2")     # MoE, served whole as the dense ones
-NEAR_TIE = 0.02       # accepted divergence: llama.cpp's own top-2 gap below this
+# the second batch's dense and MoE architectures (the recurrent ones: test_hybrid_synth.py)
+ISSUE31_DENSE = ("olmo2", "smollm3", "seed_oss", "gemma4e", "exaone4", "glm4moe", "deepseek2")
 _CONVERSATIONS = {}
 CONVERSATIONS = [pytest.param(arch, c["key"], id=f"{arch}-{c['key']}") for arch in ISSUE31_DENSE
                  for c in chat()["models"][arch]]
@@ -118,31 +116,13 @@ def _conversation(arch, key) -> tuple[dict, dict]:
     return _CONVERSATIONS[arch, key]
 
 
-def _top2_gap(step) -> float:
-    top = sorted((t["logprob"] for t in step["top_logprobs"]), reverse=True)
-    return top[0] - top[1]
-
-
 def _diverges(ours, golden) -> int | None:
     """The first step where our token differs from llama-server's (None: none)."""
     return next((i for i, (t, s) in enumerate(zip(ours, golden["steps"])) if bytes(t["bytes"]) != bytes(s["bytes"])),
                 None)
 
 
-# where ggserve's chat layer does not yet answer as llama-server 11434 (issue 31)
-GAPS = {}
-
-
-def _known_gaps(params, *, messages: bool):
-    out = []
-    for p in params:
-        arch, key = p.values
-        reason = GAPS.get((arch, key)) if messages or key == "tools_user" else None
-        out.append(pytest.param(arch, key, id=p.id, marks=pytest.mark.xfail(strict=True, reason=reason) if reason else ()))
-    return out
-
-
-@pytest.mark.parametrize("arch,key", _known_gaps(CONVERSATIONS, messages=False))
+@pytest.mark.parametrize("arch,key", CONVERSATIONS)
 def test_issue31_conversation_tokens_and_logprobs_equal_llama_server(arch, key):
     """Same prompt, same tokens up to llama.cpp's first near tie, top-5 logprobs within
     LOGPROB_TOL up to and including the first differing step."""
@@ -156,10 +136,10 @@ def test_issue31_conversation_tokens_and_logprobs_equal_llama_server(arch, key):
         for x in s["top_logprobs"]:
             assert abs(mine[bytes(x["bytes"])] - x["logprob"]) <= LOGPROB_TOL, f"step {i}"
     if end is not None:
-        assert _top2_gap(golden["steps"][end]) < NEAR_TIE, f"diverged at step {end}"
+        assert top2_gap(golden["steps"][end]) < NEAR_TIE, f"diverged at step {end}"
 
 
-@pytest.mark.parametrize("arch,key", _known_gaps(CONVERSATIONS, messages=True))
+@pytest.mark.parametrize("arch,key", CONVERSATIONS)
 def test_issue31_conversation_message_equals_llama_servers_parsed_message(arch, key):
     """Where every token is llama.cpp's: the message llama-server parsed from them
     (content, reasoning_content, tool_calls)."""
@@ -207,7 +187,7 @@ def test_cohere2_rendered_prompt_completes_as_llama_cpp(key):
         e.close()
     gold = steps(ref)
     i = next((i for i, (x, y) in enumerate(zip(tokens(ours), ref["generated_ids"])) if x != y), None)
-    assert i is None or _top2_gap(ref["steps"][i]) < NEAR_TIE, f"diverged at step {i}"
+    assert i is None or top2_gap(ref["steps"][i]) < NEAR_TIE, f"diverged at step {i}"
     assert max_logprob_deviation(ours, gold) <= LOGPROB_TOL
 
 
@@ -228,6 +208,6 @@ def test_cohere2_chat_is_served_token_for_token_as_llama_cpp(key):
     assert len(ours) == len(ref["steps"])
     end = _diverges(ours, ref)
     if end is not None:       # the golden's own near tie (README: compare up to a gap < 0.05)
-        assert _top2_gap(ref["steps"][end]) < GOLDEN_NEAR_TIE, f"diverged at step {end}"
+        assert top2_gap(ref["steps"][end]) < GOLDEN_NEAR_TIE, f"diverged at step {end}"
     else:
         assert choice["message"]["content"] == ref["generated_text"]
