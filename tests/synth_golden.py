@@ -3,9 +3,12 @@ random-weight GGUFs with real vocabularies and chat templates; its README says h
 they were made). Missing data is an error, never a skip."""
 import functools
 import json
+import os
 import pathlib
 
-SYNTH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden" / "synth"
+# GGSERVE_GOLDEN_SYNTH: a copy of it elsewhere (the GPU machine gets only what travels)
+SYNTH = pathlib.Path(os.environ.get("GGSERVE_GOLDEN_SYNTH")
+                     or pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden" / "synth")
 
 
 def _json(name: str) -> dict:
