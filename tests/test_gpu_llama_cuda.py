@@ -19,11 +19,11 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from engine_helpers import GREEDY, generate
+from synth_golden import SYNTH, assert_same_as_llama_cpp
+
 from ggserve.native import ggml
 from ggserve.server.engine.engine import Engine, EngineConfig
-from synth_golden import SYNTH, assert_same_as_llama_cpp
 
 LLAMA_SERVER = os.environ.get("GGSERVE_LLAMA_SERVER", "")
 N_PREDICT = 16
