@@ -25,6 +25,8 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip install -q --upgrade pip
 pip install -q "setuptools>=77" wheel "cython>=3" numpy "libggml-python>=0.20" cmake
+# miniaudio from source without -ffast-math (its wheels have it): resampled audio as llama.cpp's, bit for bit
+PYMINIAUDIO_EXTRA_CFLAGS=-fno-fast-math pip install -q --no-binary miniaudio "miniaudio==1.71"
 bash scripts/build_ggml.sh
 export GGSERVE_GGML_PREFIX=$PWD/.venv/ggml
 # extensions compiled against another ggml must be rebuilt
