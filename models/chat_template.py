@@ -12,6 +12,8 @@ as llama-server does, with a warning. `--chat-template-file` is simply
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import logging
 from datetime import datetime
@@ -19,7 +21,10 @@ from datetime import datetime
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
+
+from ggserve.models.template_caps import probe_caps
+from ggserve.models.template_inputs import InputError, polyfill
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +65,35 @@ def _raise_exception(message):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys, default=_json_default)
+
+
+def _json_default(value):
+    """What json cannot write as is: a filter's lazy result (map, select, ...) as its list."""
+    if isinstance(value, jinja2.Undefined):
+        return None
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable") from None
+
+
+def _as_list(f):
+    """llama.cpp's map/select/... give arrays (which `length` and indexing take), jinja2's generators."""
+    @functools.wraps(f)
+    def listed(*args, **kwargs):
+        return list(f(*args, **kwargs))
+    return listed
+
+
+def now() -> datetime:
+    """The clock templates read (today's date in a system prompt)."""
+    return datetime.now()
 
 
 def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+    return now().strftime(fmt)
 
 
 class _Undefined(jinja2.Undefined):
@@ -81,9 +109,12 @@ class _Undefined(jinja2.Undefined):
 
 
 def _environment() -> jinja2.Environment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
-                                        extensions=[_GenerationTag, loopcontrols])
+    # mutable: templates append to lists they build (Kimi K2's tool-call ids), as llama.cpp's jinja allows
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
+                               extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
+    for name in ("map", "select", "reject", "selectattr", "rejectattr"):
+        env.filters[name] = _as_list(env.filters[name])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -102,6 +133,8 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise TemplateError(f"invalid chat template: {e}") from e
         self.supports_typed_content = self._probe_typed_content()
+        self.caps = probe_caps(lambda msgs, tools: self._template.render(
+            messages=msgs, tools=tools, bos_token="", eos_token="", add_generation_prompt=True))
         # Ministral 3 / Magistral (llama.cpp common/chat.cpp picks its ministral_3 handler by these markers)
         self._ministral3 = all(m in source for m in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) \
             and "[CALL_ID]" not in source
@@ -135,10 +168,13 @@ class ChatTemplate:
         # date for templates that print it (Llama 3.x: "Today Date: 23 Nov 2026")
         # llama-server renders with enable_thinking true (its default --reasoning auto) unless
         # asked otherwise: Gemma 4's template opens its system turn with <|think|> then
-        now = datetime.now()
+        today = now()
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": True,
-                   "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"), **extra}
-        text = self._template.render(messages=messages, tools=tools,
+                   "datetime": today.strftime("%b %d %Y"), "date_string": today.strftime("%d %b %Y"), **extra}
+        if tools:       # no tools: `tools` undefined, which a template iterates as empty (Hermes)
+            context["tools"] = tools
+        # deep-copied: a template may change what it is given (append to a message's list)
+        text = self._template.render(messages=copy.deepcopy(messages),
                                      add_generation_prompt=add_generation_prompt, **context)
         # common/chat.cpp: the tokenizer adds BOS, so a BOS the template wrote is dropped
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
@@ -169,6 +205,10 @@ class ChatTemplate:
             if self._ministral3:   # llama.cpp's ministral_3 handler writes the open turn itself
                 reasoning = last.get("reasoning_content") or ""
                 suffix = "[THINK]" + reasoning + ("" if reasoning and not suffix else "[/THINK]" + suffix)
+        try:
+            msgs = polyfill(msgs, self.caps, self.source)
+        except InputError as e:
+            raise TemplateError(str(e)) from None
         if self._ministral3:
             msgs = [_ministral3_blocks(m) for m in msgs]
         try:

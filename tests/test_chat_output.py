@@ -272,15 +272,3 @@ def test_stream_never_shows_a_partial_name_or_marker():
         seen += [tc["function"].get("name") for tc in d.tool_calls if "id" in tc]
         assert "<" not in d.content
     assert seen == ["get_weather"]
-
-
-@pytest.mark.parametrize("template,kind", [
-    ("Qwen3-Coder", "object"), ("GLM-4.6", "object"), ("Qwen-Qwen2.5-7B-Instruct", "object"),
-    ("deepseek-ai-DeepSeek-V3.1", "object"), ("Qwen-Qwen3-0.6B", "string"),
-])
-def test_how_a_template_wants_earlier_call_arguments(template, kind):
-    from ggserve.models.chat_template import ChatTemplate
-
-    with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
-        t = ChatTemplate(f.read())
-    assert co.template_arguments(t.render) == kind

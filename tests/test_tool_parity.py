@@ -25,10 +25,7 @@ def _parse(rec) -> dict:
     tools = req.get("tools") if req.get("tool_choice") != "none" else None
     fmt = co.detect(source)(tools)
     template = ChatTemplate(source)
-    msgs = req["messages"]
-    if co.template_arguments(lambda m: template.render(m, tools=tools)) == "object":
-        msgs = co.object_arguments(msgs)
-    prompt = template.render(msgs, tools=tools)
+    prompt = template.render(req["messages"], tools=tools)
     open_think = bool(fmt.think[0]) and prompt.rstrip().endswith(fmt.think[0])
     out = co.ChatOutput(fmt, tools=tools is not None, open_think=open_think)
     d = out.feed(rec["raw"])

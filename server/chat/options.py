@@ -29,15 +29,13 @@ class ChatOptions:
     grammar_text: object = None
 
     def messages(self, msgs: list[dict], template=None) -> list[dict]:
-        """Messages as the template wants them: earlier calls' arguments as objects for
-        templates that expect them (as llama.cpp probes). Nothing is injected for a
-        template that does not describe tools: llama.cpp 11434 renders every template
-        through its autoparser (common/chat.cpp, common_chat_templates_apply_jinja),
-        which passes `tools` to the template and adds no system message; only its
-        generic fallback, taken when the analysis fails, writes one."""
-        if template is not None and any(m.get("tool_calls") for m in msgs) \
-                and _arguments_kind(template) == "object":
-            msgs = co.object_arguments(msgs)
+        """Messages as the template wants them. The template changes them further as
+        llama.cpp does (models/template_inputs.py: arguments as objects where it reads
+        them so); nothing is injected for a template that does not describe tools:
+        llama.cpp 11434 renders every template through its autoparser (common/chat.cpp,
+        common_chat_templates_apply_jinja), which passes `tools` to the template and adds
+        no system message; only its generic fallback, taken when the analysis fails,
+        writes one."""
         return msgs
 
     def output(self, prompt_text: str, prefill: str = ""):
@@ -49,16 +47,6 @@ class ChatOptions:
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
         return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning and not prefill,
                                  tools=self.fmt is not None, open_think=open_think, prefill=prefill)
-
-
-_KINDS: dict[int, str] = {}
-
-
-def _arguments_kind(template) -> str:
-    key = id(template)
-    if key not in _KINDS:
-        _KINDS[key] = co.template_arguments(lambda m: template.render(m))
-    return _KINDS[key]
 
 
 def _tool_names(tools: list) -> list[str]:

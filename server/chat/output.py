@@ -14,7 +14,6 @@ whole output as content, as llama-server does.
 """
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass, field
 
@@ -35,8 +34,8 @@ from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
 
 # the formats are chosen and named through this module (grammar.py, chat_options.py)
 __all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "KimiK2", "Llama3",
-           "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "detect", "new_call_id", "object_arguments", "parse",
-           "shown_tokens", "split_reasoning", "template_arguments"]
+           "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "detect", "new_call_id", "parse",
+           "shown_tokens", "split_reasoning"]
 
 
 
@@ -84,45 +83,6 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
     if fmt.lstrip_content is True or rest is text and fmt.lstrip_content is None:
         content = content.lstrip()  # as llama-server: no leading whitespace
     return Parsed(r, content, calls)
-
-
-_PROBE_ARGS = '{"probe_key": "probe_value"}'
-
-
-def template_arguments(render) -> str:
-    """How a template wants earlier calls' arguments: "string" (as OpenAI sends them)
-    or "object" (parsed), probed as llama.cpp does: a template that does not write a
-    string argument back as given gets objects. render(messages) -> text."""
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
-             "function": {"name": "probe_tool", "arguments": _PROBE_ARGS}}]},
-            {"role": "tool", "tool_call_id": "call00001", "content": "ok"}]
-    try:
-        if _PROBE_ARGS in render(msgs):
-            return "string"
-    except Exception:
-        pass
-    return "object"
-
-
-def object_arguments(messages: list[dict]) -> list[dict]:
-    """Messages with each tool call's JSON arguments string parsed into an object."""
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                fn = c.get("function") if isinstance(c, dict) else None
-                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                    try:
-                        fn = {**fn, "arguments": json.loads(fn["arguments"])}
-                    except ValueError:
-                        pass
-                    c = {**c, "function": fn}
-                calls.append(c)
-            m = {**m, "tool_calls": calls}
-        out.append(m)
-    return out
 
 
 def new_call_id() -> str:

@@ -53,11 +53,8 @@ class PromptBuilder:
              add_generation_prompt: bool = True) -> Prompt:
         """Chat messages (image parts as media markers) -> Prompt. continue_final:
         the last (assistant) message is left open for the model to continue."""
-        extra = dict(template_kwargs or {})
-        if continue_final:
-            extra["continue_final_message"] = True
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                         image_marker=CHAT_MARKER, **extra)
+        text = render_chat(self.chat_template, messages, tools, template_kwargs=template_kwargs,
+                           continue_final=continue_final, add_generation_prompt=add_generation_prompt)
         prompt = self.build(text, images, marker=CHAT_MARKER)
         prompt.text = text.replace(CHAT_MARKER, MEDIA_MARKER)    # as shown (/apply-template)
         bos = self.tokenizer.bos_id
@@ -91,3 +88,14 @@ class PromptBuilder:
             return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters),
                           positions=mrope_positions(len(ids), spans))
         return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters))
+
+
+def render_chat(template, messages: list[dict], tools=None, *, template_kwargs: dict | None = None,
+                continue_final: bool = False, add_generation_prompt: bool = True,
+                image_marker: str = CHAT_MARKER) -> str:
+    """The chat's prompt text as the template renders it (images as image_marker)."""
+    extra = dict(template_kwargs or {})
+    if continue_final:
+        extra["continue_final_message"] = True
+    return template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                           image_marker=image_marker, **extra)

@@ -46,10 +46,9 @@ def prefill(req: S.ChatCompletionRequest) -> str:
     return last.content or ""
 
 
-async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions):
-    """Messages -> Prompt. Image parts are fetched/decoded (server/api/media.py) and
-    become the media marker in the rendered template; the service's prompt
-    builder arranges their embedding rows as llama.cpp's mtmd does."""
+def template_messages(req: S.ChatCompletionRequest) -> tuple[list[dict], list[tuple[str, str]]]:
+    """A request's messages as the chat template takes them (an image part as an
+    `image_url` part without its url) and the images' (url, param) in order."""
     msgs, urls = [], []
     for i, m in enumerate(req.messages):
         msg: dict[str, Any] = {"role": m.role}
@@ -83,6 +82,14 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
             if getattr(m, k) is not None:
                 msg[k] = getattr(m, k)
         msgs.append(msg)
+    return msgs, urls
+
+
+async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions):
+    """Messages -> Prompt. Image parts are fetched/decoded (server/api/media.py) and
+    become the media marker in the rendered template; the service's prompt
+    builder arranges their embedding rows as llama.cpp's mtmd does."""
+    msgs, urls = template_messages(req)
     api.engine                     # 503 while loading
     api.service.prompts.check_images(len(urls))
     images = []

