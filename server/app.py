@@ -25,12 +25,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from ggserve.server.agent_tools.config import AgentToolsConfig
 from ggserve.server.api import stream_resume
 from ggserve.server.api.anthropic import messages as anthropic_api
 from ggserve.server.api.common import API
 from ggserve.server.api.cors import CORS
 from ggserve.server.api.errors import exception_handlers
-from ggserve.server.api.llama import chat_page, completion as native_api
+from ggserve.server.api.llama import chat_page, completion as native_api, cors_proxy, tools as tools_api
 from ggserve.server.api.llama.infill import infill
 from ggserve.server.api.llama.rerank import rerank
 from ggserve.server.api.llama.slots import SlotsAPI
@@ -84,6 +85,7 @@ class ServerConfig(EngineConfig):
     n_predict: int = -1                       # -n: a request's default token limit (-1: none)
     timeout: float = 600.0                    # -to/--timeout: a stream's client may stall this long
     sleep_idle_seconds: float = -1            # free the model after this long idle (-1: never; server/service/sleep.py)
+    agent: AgentToolsConfig = field(default_factory=AgentToolsConfig)   # /tools, /cors-proxy (server/agent_tools/)
 
 
 def load_engine(cfg: ServerConfig):
@@ -117,8 +119,11 @@ def create_app(cfg: ServerConfig, *, engine_loader: Callable[[], Any] | None = N
         from ggserve.server.api.llama.props import props
         api.sleeper = Sleeper(service, cfg.sleep_idle_seconds, lambda: props(api))
     sessions = StreamSessions(functools.partial(owner, api_keys=cfg.api_keys))   # streams under X-Conversation-Id
-    app = Starlette(routes=_routes(api, Router(api), sessions), middleware=_middleware(cfg, sessions),
-                    lifespan=_lifespan(service, api.sleeper), exception_handlers=exception_handlers)
+    toolbox = cfg.agent.toolbox()                     # None: /tools answers 403
+    routes = _routes(api, Router(api), sessions)
+    routes += tools_api.routes(api, Router(api), toolbox) + cors_proxy.routes(Router(api), cfg.agent.cors_proxy)
+    app = Starlette(routes=routes, middleware=_middleware(cfg, sessions),
+                    lifespan=_lifespan(service, api.sleeper, toolbox), exception_handlers=exception_handlers)
     app.state.service = service
     app.state.metrics = metrics
     app.state.config = cfg
@@ -158,9 +163,11 @@ def _routes(api: API, route: Router, sessions: StreamSessions) -> list[Route]:
     return routes
 
 
-def _lifespan(service: Service, sleeper: Sleeper | None):
+def _lifespan(service: Service, sleeper: Sleeper | None, toolbox=None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if toolbox is not None:                  # MCP servers list their tools before the port opens
+            await toolbox.start()
         await service.start()
         if sleeper is not None:
             sleeper.start()
@@ -170,6 +177,8 @@ def _lifespan(service: Service, sleeper: Sleeper | None):
             if sleeper is not None:
                 await sleeper.stop()
             await service.close()
+            if toolbox is not None:
+                await toolbox.close()
     return lifespan
 
 

@@ -21,6 +21,9 @@ FORBIDDEN = {
                             "ggserve.server.app", "ggserve.server.engine"),
     "ggserve.server.service": ("ggserve.server.api", "ggserve.server.cli", "ggserve.server.app"),
     "ggserve.server.api": ("ggserve.server.cli", "ggserve.server.app"),
+    # the chat page's tools: files, commands, MCP servers; nothing of the model's side
+    "ggserve.server.agent_tools": ("ggserve.server.api", "ggserve.server.chat", "ggserve.server.service",
+                                   "ggserve.server.engine", "ggserve.server.cli", "ggserve.server.app"),
 }
 # The API reaches the engine through the service; what it may import from the engine
 # are values and pure functions, never the engine itself.

@@ -2,15 +2,17 @@
 every documented operation answers the example request it documents (never 404 or 5xx),
 its 200 answer matching the documented schema."""
 import copy
+from urllib.parse import urlsplit
 
 import httpx
 import jsonschema
 import pytest
 from openapi_spec_validator import validate
-
-from ggserve.server.app import ServerConfig, create_app
 from server_harness import RunningServer
 from synth_golden import SYNTH
+
+from ggserve.server.agent_tools.config import AgentToolsConfig
+from ggserve.server.app import ServerConfig, create_app
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +22,8 @@ def srv(tmp_path_factory):
     # embeddings of the last token)
     cfg = ServerConfig(model=str(SYNTH / "models" / "synth-qwen3-q8_0.gguf"), n_ctx=2048, n_parallel=2,
                        n_threads=2, embeddings=True, pooling="rank", metrics=True, props_endpoint=True,
-                       slot_save_path=str(tmp_path_factory.mktemp("slots")))
+                       slot_save_path=str(tmp_path_factory.mktemp("slots")),
+                       agent=AgentToolsConfig(tools=("get_info",), cors_proxy=True))
     with RunningServer(create_app(cfg)) as s:
         yield s
 
@@ -58,6 +61,8 @@ def _request(srv, path, method, op):
             path = path.replace("{" + p["name"] + "}", str(value))
         else:
             params[p["name"]] = p["example"]
+            if p["name"] == "url":         # /cors-proxy: the documented path, on this server
+                params["url"] = srv.url + urlsplit(p["example"]).path
             if p["name"] == "conv_id":     # a stream kept under that id: made by a streamed chat
                 httpx.post(srv.url + "/v1/chat/completions", headers={"X-Conversation-Id": p["example"]},
                            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True},

@@ -74,6 +74,7 @@ _SCHEMAS = {
                   modalities=OBJ, build_info=_STR),
     "Response": _obj(["id", "object", "status", "output"], id=_STR, object={"const": "response"},
                      status=_STR, output=_ANY_LIST, usage=OBJ),
+    "ToolCall": _obj(["tool"], tool=_STR, params=OBJ, stream=_BOOL),
     "AnthropicMessage": _obj(["id", "type", "role", "content"], id=_STR, type={"const": "message"},
                              role={"const": "assistant"}, content=_ANY_LIST, stop_reason=_STR, usage=OBJ),
 }
@@ -157,6 +158,15 @@ _OPS = [
      [("conv_id", "query", "conv-1")], "Error"),
     (("/v1/streams/lookup",), "post", "The kept streams of these conversation ids", "StreamsLookupRequest",
      {"conversation_ids": ["conv-1"]}, ("application/json", _ANY_LIST), (400,), [], "Error"),
+    (("/tools",), "get", "The chat page's tools, built-in and MCP (needs --tools or MCP servers, else 403)", None,
+     None, ("application/json", _ANY_LIST), (403,), [], "Error"),
+    (("/tools",), "post", "Run one tool (its failure: 200 with `error`); `stream` answers SSE; headers x-tool-cwd, "
+     "x-tool-runtime", "ToolCall", {"tool": "get_info", "params": {}}, ("application/json", OBJ),
+     (400, 403, 404, 500), [], "Error"),
+    (("/cors-proxy",), "get", "The answer of `url`, fetched by the server (needs --ui-mcp-proxy, else 403)", None,
+     None, ("application/json", OBJ), (403, 500), [("url", "query", "http://127.0.0.1:8080/health")], "Error"),
+    (("/cors-proxy",), "post", "The answer of `url` to this body (needs --ui-mcp-proxy, else 403)", None, {},
+     ("application/json", OBJ), (403, 500), [("url", "query", "http://127.0.0.1:8080/props")], "Error"),
     (("/openapi.json",), "get", "This document", None, None, ("application/json", OBJ), (), [], "Error"),
 ]
 
@@ -191,7 +201,7 @@ def document() -> dict:
             paths.setdefault(path, {})[method] = op
     responses = {f"{err}{status}": {"description": f"HTTP {status}",
                                     "content": {"application/json": {"schema": _ref(err)}}}
-                 for err in ("Error", "AnthropicError") for status in (400, 404, 429, 500, 501, 503)}
+                 for err in ("Error", "AnthropicError") for status in (400, 403, 404, 429, 500, 501, 503)}
     return {
         "openapi": "3.1.0",
         "info": {"title": "ggserve", "version": "1",

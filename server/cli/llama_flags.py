@@ -28,10 +28,8 @@ _ON, _OFF, _AUTO = ("on", "enabled", "true", "1"), ("off", "disabled", "false", 
 
 # llama-server flags for what ggserve does not do: refused by name (not "unrecognized arguments")
 _REFUSED = {"--media-path": (1, "file:// media are not read"),
-            "--lora": (1, "LoRA adapters are not supported"), "--tools": (1, "built-in tools are not served"),
-            "--ui-mcp-proxy": (0, "the CORS proxy is not served"), "--models-dir": (1, "router mode is not served"),
-            "--models-preset": (1, "router mode is not served"), "--mcp-servers-config": (1, "MCP servers are not served"),
-            "--mcp-servers-json": (1, "MCP servers are not served"), "--grp-attn-n": (1, "self-extend is not supported"),
+            "--lora": (1, "LoRA adapters are not supported"), "--models-dir": (1, "router mode is not served"),
+            "--models-preset": (1, "router mode is not served"), "--grp-attn-n": (1, "self-extend is not supported"),
             "--grp-attn-w": (1, "self-extend is not supported")}
 
 

@@ -12,6 +12,7 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
+from ggserve.server.cli.agent_flags import add_agent_flags, agent_settings, cors_origins
 from ggserve.server.cli.llama_flags import (
     FlagParser,
     add_llama_flags,
@@ -65,6 +66,7 @@ def serve_parser() -> argparse.ArgumentParser:
     add_chat_template_flags(p)
     add_embedding_flags(p)
     add_http_flags(p)
+    add_agent_flags(p)
     add_verbose_flag(p)
     add_llama_flags(p)
     return p
@@ -176,11 +178,13 @@ def _engine_settings(args, model: str, rpc: tuple, split: tuple) -> dict:
 
 
 def _http_settings(args) -> dict:
-    """ServerConfig fields of the HTTP side: keys, endpoints, limits, what /v1/models shows, logging."""
+    """ServerConfig fields of the HTTP side: keys, endpoints, limits, what /v1/models shows, logging,
+    the chat page's tools (server/cli/agent_flags.py)."""
+    agent = agent_settings(args)
     return {
         "alias": args.alias, "api_keys": api_keys(args), "cache_isolation": args.cache_isolation,
         "metrics": bool(args.metrics),
-        "cors_origins": [o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
+        "cors_origins": cors_origins(args, agent), "agent": agent,
         "max_queue": args.max_queue,
         "slots_endpoint": not args.no_slots, "slot_save_path": args.slot_save_path, "props_endpoint": bool(args.props),
         "webui": not args.no_webui, "tags": tags(args), "verbose": bool(args.verbose),

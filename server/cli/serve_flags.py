@@ -252,8 +252,9 @@ def add_http_flags(p) -> None:
     add_request_limit_flags(p, _flag)        # --grammar-max-*, --grammar-timeout, --schema-max-*, --max-*
     _flag(p, "--max-queue", env="GGSERVE_MAX_QUEUE", type=int, default=64, metavar="N",
           help="requests that may wait beyond --parallel before new ones get 429")
-    _flag(p, "--cors-origins", env="GGSERVE_CORS_ORIGINS", default="*",
-          metavar="ORIGINS", help="comma-separated allowed CORS origins; empty: no CORS")
+    _flag(p, "--cors-origins", env="GGSERVE_CORS_ORIGINS",
+          metavar="ORIGINS", help="comma-separated allowed CORS origins, or 'localhost'; empty: no CORS "
+                                  "(default: *, or localhost with --tools or MCP servers)")
     _flag(p, "--no-webui", env="LLAMA_ARG_NO_WEBUI", flag=True,
           help="do not serve the chat page at / (the API, /props included, stays)")
 
