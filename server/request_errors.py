@@ -31,6 +31,11 @@ class ImagesNotSupported(RequestError):
     param = "messages"
 
 
+class AudioNotSupported(RequestError):
+    code = "audio_not_supported"
+    param = "messages"
+
+
 class SequenceFailed(RuntimeError):
     """The engine ended one request (an image that failed to encode, non-finite
     logits); every other request goes on. A 500."""

@@ -94,3 +94,15 @@ def _wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
     body = pcm.astype("<i2").tobytes()
     return (b"RIFF" + struct.pack("<I", 36 + len(body)) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, ch, rate,
             rate * ch * 2, ch * 2, 16) + b"data" + struct.pack("<I", len(body)) + body)
+
+
+class Clip:
+    """Decoded audio in a prompt's media list (beside images): mono float32 samples."""
+
+    def __init__(self, samples: np.ndarray, rate: int):
+        self.samples = samples
+        self.rate = rate
+
+    @property
+    def seconds(self) -> float:
+        return self.samples.size / self.rate

@@ -42,7 +42,7 @@ class TileSpan:
 
 def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int,
             family=None) -> tuple[list[int], list[TileSpan]]:
-    """pieces: str (text) or (sha256, Tiles) in prompt order -> (token ids, spans).
+    """pieces: str (text) or (sha256, Tiles | AudioChunks) in prompt order -> (token ids, spans).
 
     family: the registry family of the projector (its tiles carry n_tokens), or None.
 
@@ -80,7 +80,9 @@ def arrange(projector: str, tokenizer, pieces: list, tokens_per_tile: int,
         sha, tiles = piece
         if first:
             text("")
-        if family is not None:
+        if hasattr(tiles, "layout"):        # an audio clip's chunks place themselves (models/audio/model.py)
+            tiles.layout(text, lambda i, sha=sha, tiles=tiles: image(sha, i, tiles[i], False, tiles.n_tokens[i]))
+        elif family is not None:
             family.layout(tiles, text, lambda i, bidirectional=False, grid=None, sha=sha, tiles=tiles:
                           image(sha, i, tiles[i], bidirectional, tiles.n_tokens[i], grid))
         elif projector == "gemma3":

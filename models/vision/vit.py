@@ -12,13 +12,13 @@ from ggserve.native import ggml
 
 
 class Block:
-    """One ViT block's tensors (`v.blk.{i}.*`); biases, the FFN gate optional. Families
-    add q/k norms and post norms (None: the block has none)."""
+    """One ViT block's tensors (`v.blk.{i}.*`, an audio encoder's `a.blk.{i}.*`); biases, the
+    FFN gate optional. Families add q/k norms and post norms (None: the block has none)."""
 
     q_norm = k_norm = attn_post_norm = ffn_post_norm = None
 
-    def __init__(self, w, i: int, e: int, f: int):
-        p = f"v.blk.{i}."
+    def __init__(self, w, i: int, e: int, f: int, tower: str = "v"):
+        p = f"{tower}.blk.{i}."
         self.ln1_w = w.get(p + "ln1.weight", (e,))
         self.ln1_b = w.get(p + "ln1.bias", (e,), required=False)
         self.wq = w.get(p + "attn_q.weight", (e, e))

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggserve.models.audio.decode import Clip
 from ggserve.models.vision.arrange import MEDIA_MARKER, arrange, mrope_positions
 from ggserve.server.chat.turns import tokenized_delimiters, turn_cuts
-from ggserve.server.request_errors import ImagesNotSupported
+from ggserve.server.request_errors import AudioNotSupported, ImagesNotSupported
 
 # Image parts of a chat render as this per-process random marker, so text a user
 # types (a literal "<__media__>" included) can never stand for an image.
@@ -31,22 +32,29 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, chat_template, vision=None, delimiters=()):
+    def __init__(self, tokenizer, chat_template, vision=None, delimiters=(), audio=None):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.vision = vision
+        self.audio = audio                     # models/audio AudioModel, or None
         self.delimiters = list(delimiters)     # (role, tokens): llama-server's message delimiters
 
     @classmethod
     def for_engine(cls, engine) -> "PromptBuilder":
         delimiters = (tokenized_delimiters(engine.chat_template, engine.tokenizer)
                       if engine.parity.cuts_at_user_turns else [])
-        return cls(engine.tokenizer, engine.chat_template, engine.vision, delimiters)
+        return cls(engine.tokenizer, engine.chat_template, engine.vision, delimiters, engine.loaded.audio)
 
     def check_images(self, n_images: int) -> None:
         """Refuse images up front (before fetching them) when the model has no projector."""
         if n_images and self.vision is None:
             raise ImagesNotSupported("this model does not support images (start the server with --mmproj)")
+
+    def check_audio(self, n_clips: int) -> None:
+        """Refuse audio up front (before decoding it) when the mmproj has no audio encoder."""
+        if n_clips and self.audio is None:
+            raise AudioNotSupported("this model does not support audio input (start the server with an --mmproj "
+                                    "that has an audio encoder)")
 
     def chat(self, messages: list[dict], tools=None, images: list = (), *,
              template_kwargs: dict | None = None, continue_final: bool = False,
@@ -67,9 +75,8 @@ class PromptBuilder:
     def build(self, text: str, images: list = (), marker: str = MEDIA_MARKER) -> Prompt:
         """Rendered chat text with one media marker per image -> Prompt.
 
-        images: (sha256, PIL image) pairs in marker order (chats use CHAT_MARKER, which user text
-        cannot contain). Without images the text is
-        tokenized as llama-server does (BOS per the model, special tokens parsed).
+        images: (sha256, PIL image or audio Clip) pairs in marker order (chats use CHAT_MARKER,
+        which user text cannot contain). Without images the text is tokenized as llama-server does (BOS per the model, special tokens parsed).
         """
         parts = text.split(marker)
         if len(parts) - 1 != len(images):
@@ -77,13 +84,19 @@ class PromptBuilder:
         if not images:
             ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
             return Prompt(ids, [], turn_cuts(ids, (), self.delimiters))
-        self.check_images(len(images))
+        clips = sum(isinstance(media, Clip) for _, media in images)
+        self.check_images(len(images) - clips)
+        self.check_audio(clips)
         pieces = [parts[0]]
-        for (sha, image), after in zip(images, parts[1:]):
-            pieces.append((sha, self.vision.preprocess(image)))
+        for (sha, media), after in zip(images, parts[1:]):
+            if isinstance(media, Clip):
+                pieces.append((sha, self.audio.preprocess(media.samples)))
+            else:
+                pieces.append((sha, self.vision.preprocess(media)))
             pieces.append(after)
-        ids, spans = arrange(self.vision.projector, self.tokenizer, pieces, self.vision.tokens_per_tile,
-                             self.vision.family)
+        vision = self.vision
+        ids, spans = arrange(vision.projector if vision else "", self.tokenizer, pieces,
+                             vision.tokens_per_tile if vision else 0, vision.family if vision else None)
         if any(span.grid is not None for span in spans):    # M-RoPE: images advance positions by their grid
             return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters),
                           positions=mrope_positions(len(ids), spans))

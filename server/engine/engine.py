@@ -74,13 +74,13 @@ class Engine:
                              n_seqs=n_parallel, type_k=ggml.type_by_name(cfg.cache_type_k),
                              type_v=ggml.type_by_name(cfg.cache_type_v), n_pos=self.n_pos, n_ubatch=n_batch)
         self.kv = self.memory.kv
-        self.context_shift = cfg.context_shift and context_shift_supported(self.model, self.memory, self.vision)
+        self.context_shift = cfg.context_shift and context_shift_supported(self.model, self.memory, lm.media)
         if cfg.context_shift and not self.context_shift:
             log.warning("context shift is not supported by this model (or with a projector): disabled")
         self.n_bos = 1 if self.tokenizer.vocab.add_bos else 0       # a context shift keeps it (llama-server)
         self.parity = KernelParity(cfg.kernel_parity, lm.kernel_of,
                                    self.kv.has_swa or self.memory.recurrent is not None)
-        self.encoder = ImageEncoder(self.vision, lm.device_of_layer(0), self.n_threads) if self.vision else None
+        self.encoder = ImageEncoder(lm.media, lm.device_of_layer(0), self.n_threads) if lm.media else None
         self.images = ImageStore(cfg.image_cache_mb * 2**20)
         self.scheduler = Scheduler(n_parallel, n_batch, cfg.max_stall_ms / 1000)
         ram = cfg.cache_ram_mb
@@ -93,8 +93,8 @@ class Engine:
             raise ValueError("this model has a classification head (cls.* tensors), which ggserve's "
                              "reranking does not apply: it scores causal models by their last hidden state")
         self.runner.reserve(n_batch, n_parallel, embeddings=cfg.embeddings)
-        if self.vision is not None:
-            self.vision.reserve()
+        if lm.media is not None:
+            lm.media.reserve()
         self.spec = Speculator.build(cfg.spec or SpecConfig(type="none"), self.memory, self.tokenizer,
                                      n_ctx=self.kv_size, n_batch=n_batch, n_parallel=n_parallel, n_threads=self.n_threads)
         self.load_seconds = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.engine.cpu_topology import default_threads
+from ggserve.server.engine.images.media import MediaModels
 from ggserve.server.engine.kernel_parity import SGEMM_TYPES, TILED_TYPES
 
 log = logging.getLogger("ggserve.loader")
@@ -92,22 +93,13 @@ class LoadedModel:
             tensors.update(buf.tensors)
         self.kernel_of = self._kernel_kinds(matmul_names)
         self.model = cls(meta, tensors, self.path)
-        self.vision = None
-        if mmproj is not None:
-            from ggserve.models.vision import VisionModel
-
-            # a backend of its own: tiles encode on a worker thread beside text steps
-            try:
-                self.vision = VisionModel.from_gguf(mmproj, ggml.Backend(n_threads=self.backend.n_threads))
-            except ModelError as e:
-                # an mmproj that cannot pair with this text model: name both files
-                raise ModelError(f"{e} (text model {self.path})") from None
-            # an image row carries what the text model's input rows hold (Qwen3-VL: the
-            # embedding plus one slice per deepstack layer)
-            n_in = getattr(self.model, "n_embd_inp", self.model.n_embd)
-            if self.vision.n_embd_out != n_in:
-                raise ModelError(f"{mmproj}: projects to {self.vision.n_embd_out} dims, "
-                                 f"the text model {self.path} takes {n_in}")
+        # the mmproj's encoders on a backend of their own: chunks encode on a worker thread beside
+        # text steps; an image row carries what the text model's input rows hold (Qwen3-VL: the
+        # embedding plus one slice per deepstack layer)
+        self.media = None if mmproj is None else MediaModels.load(
+            mmproj, self.backend.n_threads, getattr(self.model, "n_embd_inp", self.model.n_embd), self.path)
+        self.vision = self.media.vision if self.media else None
+        self.audio = self.media.audio if self.media else None
 
     @functools.cached_property
     def chat_template(self):
@@ -190,8 +182,8 @@ class LoadedModel:
 
     def weight_bytes(self, device) -> int:
         n = sum(b.nbytes for b in self.weights.values() if b.device is device)
-        if self.vision is not None and device is self.backend.devices[0]:
-            n += self.vision.nbytes
+        if self.media is not None and device is self.backend.devices[0]:
+            n += self.media.nbytes
         return n
 
     def memory_report(self, kv_bytes: dict[str, int]) -> str:
@@ -199,19 +191,21 @@ class LoadedModel:
         lines = []
         for dev in self.backend.devices:
             c = self.backend.compute_bytes.get(dev.name, 0)
-            if self.vision is not None:
-                c += self.vision.backend.compute_bytes.get(dev.name, 0)
+            if self.media is not None:
+                c += self.media.backend.compute_bytes.get(dev.name, 0)
             lines.append(f"{dev.name} ({dev.description}): weights {self.weight_bytes(dev) / 2**20:.1f} MiB, "
                          f"KV cache {kv_bytes.get(dev.name, 0) / 2**20:.1f} MiB, compute {c / 2**20:.1f} MiB")
         if self.vision is not None:
             lines.append(f"vision ({self.vision.projector}): weights {self.vision.nbytes / 2**20:.1f} MiB "
                          f"(included above); compute reserved for its largest image")
+        if self.audio is not None:
+            lines.append(f"audio ({self.audio.projector}): weights {self.audio.nbytes / 2**20:.1f} MiB "
+                         f"(included above); compute reserved for one chunk")
         return "\n".join(lines)
 
     def close(self) -> None:
-        if self.vision is not None:
-            self.vision.close()
-            self.vision.backend.close()
+        if self.media is not None:
+            self.media.close()
         for b in self.weights.values():
             b.close()
         self.weights = {}

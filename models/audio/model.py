@@ -1,0 +1,162 @@
+"""An mmproj's audio encoder + projector: a clip -> chunks -> [n_tokens, n_embd_out] rows each.
+
+The interface is the vision model's (models/vision/encoder.py), so the engine encodes
+an audio chunk as it encodes an image tile: `encode_on(chunk, device)` on the encoder's
+worker thread, embeddings kept in the image store by content key. Families:
+models/audio/whisper.py (ultravox, voxtral, qwen2a), models/audio/gemma4a.py.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggserve.models.audio import mel as mel_mod
+from ggserve.models.audio.config import read_config
+from ggserve.models.registry import ModelError
+from ggserve.models.weights import Weights
+from ggserve.native import ggml
+from ggserve.native.gguf_file import GGUFError, GGUFFile
+
+
+@dataclass
+class AudioChunk:
+    """One encoder input: a log-mel chunk float32 [n_mel, n_frames]."""
+
+    mel: np.ndarray
+
+
+class AudioChunks(list):
+    """A clip's chunks in order, with each chunk's embedding rows and the wrapper text
+    around them: `layout(text, place)` puts them into a prompt (models/vision/arrange.py)."""
+
+    def __init__(self, chunks, n_tokens, wrappers):
+        super().__init__(chunks)
+        self.n_tokens = list(n_tokens)
+        self.wrappers = wrappers
+
+    def layout(self, text, place) -> None:
+        begin, end = self.wrappers
+        if begin:
+            text(begin)
+        for i in range(len(self)):
+            place(i)
+        if end:
+            text(end)
+
+
+def _families() -> dict:
+    from ggserve.models.audio import whisper
+    return {p: whisper.WhisperEncoder for p in whisper.FAMILIES}
+
+
+def supported() -> tuple[str, ...]:
+    return tuple(sorted(_families()))
+
+
+class AudioModel:
+    def __init__(self, cfg, tensors: dict, path: str, backend, buffers: dict):
+        self.config = cfg
+        self.path = path
+        self.backend = backend
+        self._buffers = buffers
+        self.projector = cfg.projector
+        try:
+            self.encoder = _families()[cfg.projector](cfg, Weights(tensors, path))
+        except ValueError as e:
+            raise ModelError(f"{path}: {e}") from None
+        self.n_embd_out = self.encoder.n_embd_out
+        if cfg.n_embd_out and cfg.n_embd_out != self.n_embd_out:
+            raise ModelError(f"{path}: clip.audio.projection_dim is {cfg.n_embd_out}, the projector gives "
+                             f"{self.n_embd_out}")
+
+    @classmethod
+    def from_gguf(cls, path, backend, device=None) -> "AudioModel":
+        """Load an mmproj's audio encoder onto `device` (default: the backend's first).
+        ModelError naming the file for anything missing, unsupported or corrupt."""
+        path = os.fspath(path)
+        try:
+            gguf = GGUFFile(path)
+        except FileNotFoundError:
+            raise ModelError(f"{path}: mmproj file not found") from None
+        except (GGUFError, OSError) as e:
+            raise ModelError(str(e) if path in str(e) else f"{path}: {e}") from None
+        cfg = read_config(gguf.metadata, path, supported())
+        device = device if device is not None else backend.devices[0]
+        names = [n for n in gguf.tensors if n.startswith(("a.", "mm.a."))]
+        try:
+            buffers = backend.load_weights(gguf, {n: device for n in names})
+        except ggml.GGMLError as e:
+            raise ModelError(f"{path}: {e}" if path not in str(e) else str(e)) from None
+        tensors = {}
+        for b in buffers.values():
+            tensors.update(b.tensors)
+        try:
+            return cls(cfg, tensors, path, backend, buffers)
+        except Exception:
+            for b in buffers.values():
+                b.close()
+            raise
+
+    def close(self) -> None:
+        for b in self._buffers.values():
+            b.close()
+        self._buffers = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    # -- preprocessing ---------------------------------------------------------------
+
+    def preprocess(self, samples: np.ndarray) -> AudioChunks:
+        """Mono float32 samples at sample_rate -> the clip's chunks (as mtmd cuts them)."""
+        mels = self.encoder.mel_chunks(samples) if hasattr(self.encoder, "mel_chunks") \
+            else mel_mod.whisper_chunks(samples, self.config.n_mel)
+        return AudioChunks([AudioChunk(m) for m in mels], [self.encoder.n_tokens(m.shape[1]) for m in mels],
+                           self.encoder.wrappers())
+
+    # -- graphs ----------------------------------------------------------------------
+
+    def max_graph(self):
+        g = self.backend.graph()
+        self.encoder.build(g)
+        return g
+
+    def reserve(self) -> None:
+        """Reserve compute memory for the largest chunk's graph."""
+        g = self.max_graph()
+        try:
+            self.backend.reserve(g)
+        finally:
+            g.close()
+
+    def encode(self, chunk: AudioChunk) -> np.ndarray:
+        """One chunk -> float32 [n_tokens, n_embd_out]."""
+        return self._run(chunk, lambda out: out.read().reshape(-1, self.n_embd_out))
+
+    def encode_on(self, chunk: AudioChunk, device) -> ggml.Buffer:
+        """One chunk -> a buffer on `device` holding "embd" f32 [n_embd_out, n_tokens]."""
+        def keep(out):
+            n_tokens = out.nbytes // 4 // self.n_embd_out
+            buf = self.backend.alloc(device, [("embd", ggml.F32, (self.n_embd_out, n_tokens))])
+            buf["embd"].copy_from(out)
+            return buf
+        return self._run(chunk, keep)
+
+    def _run(self, chunk: AudioChunk, take):
+        mel = np.ascontiguousarray(chunk.mel, dtype=np.float32)
+        g = self.backend.graph()
+        try:
+            inp, out, extra = self.encoder.build(g, mel.shape[1])
+            out.set_name("audio_out")
+            g.output(out)
+            self.backend.compute(g, {inp: mel, **extra})
+            return take(out)
+        finally:
+            g.close()

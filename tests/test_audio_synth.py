@@ -1,0 +1,71 @@
+"""Audio input through the engine against llama.cpp 11434 (synth-audio goldens): for every
+clip and family, the prompt's tokens and audio chunks as llama-server counted them, the
+greedy tokens up to llama.cpp's first near tie (top-2 gap < 0.05) and the top-5 logprobs
+within 0.01 there. The default run checks a short clip per family, the 35 s clip (two
+chunks) and the two-clip request; `-m slow` every golden request."""
+import pytest
+import synth_audio as SA
+from engine_helpers import GREEDY, build_prompt, generate_requests, max_logprob_deviation, tokens, turn_starts
+
+from ggserve.server.engine.engine import Request
+
+WHISPER = ("ultravox", "voxtral", "qwen2a")
+DEFAULT = {("ultravox", "tone_16k_mono_1s.wav"), ("ultravox", "long_16k_mono_35s.wav"), ("ultravox", SA.TWO),
+           ("voxtral", "chord_32k_stereo_2s.flac"), ("qwen2a", "speech_espeak_22k_mono_64k.mp3")}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    made = {}
+    yield lambda family: made.setdefault(family, SA.engine(family))
+    for e in made.values():
+        e.close()
+
+
+def _steps(case):
+    return [dict(s, top_logprobs=[(t["id"], t["logprob"]) for t in s["top_logprobs"]]) for s in case["steps"]]
+
+
+def check_case(engine, case):
+    prompt, spans = build_prompt(engine, case["apply_template_prompt"], SA.media(case))
+    assert len(prompt) == case["prompt_tokens"]
+    assert [s.n for s in spans] == [c["n_tokens"] for c in case["media_chunks_from_server_log"]]
+    engine.clear_cache()
+    engine.images.clear()
+    events = generate_requests(engine, [Request("r", prompt, GREEDY, max_tokens=len(case["generated_ids"]),
+                                                ignore_eos=True, images=spans,
+                                                turn_starts=turn_starts(engine, prompt, spans))])["r"]
+    tie = SA.first_near_tie(case)
+    assert tokens(events)[:tie] == case["generated_ids"][:tie]
+    worst = max_logprob_deviation(events[:tie + 1], _steps(case)[:tie + 1])
+    print(f"max |logprob difference| {worst:.6f} over {min(tie + 1, len(events))} steps")
+    assert worst <= SA.LOGPROB_TOL
+
+
+def _cases(slow: bool):
+    for family in WHISPER:
+        for case in SA.config(family)["results"]:
+            if ((family, case["audio"]) in DEFAULT) != slow:
+                yield pytest.param(family, case["audio"], id=f"{family}-{case['audio']}",
+                                   marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("family,audio", list(_cases(slow=False)))
+def test_golden_audio(engines, family, audio):
+    check_case(engines(family), SA.case(family, audio))
+
+
+@pytest.mark.parametrize("family,audio", list(_cases(slow=True)))
+def test_golden_audio_slow(engines, family, audio):
+    check_case(engines(family), SA.case(family, audio))
+
+
+@pytest.mark.parametrize("family", WHISPER)
+def test_every_clip_gives_llama_cpps_prompt_and_chunks(engines, family):
+    """Layout only (no encoding): every golden request's token count and audio chunks."""
+    e = engines(family)
+    for case in SA.config(family)["results"]:
+        prompt, spans = build_prompt(e, case["apply_template_prompt"], SA.media(case))
+        assert len(prompt) == case["prompt_tokens"], case["audio"]
+        assert [s.n for s in spans] == [c["n_tokens"] for c in case["media_chunks_from_server_log"]], case["audio"]
+        assert len(spans) == case["n_audio_chunks"]
