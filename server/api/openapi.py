@@ -150,6 +150,8 @@ _OPS = [
      [], "Error"),
     (("/webui/chat.js",), "get", "The chat page's script", None, None, ("text/javascript", _STR), (), [],
      "Error"),
+    (("/webui/tools.js",), "get", "The chat page's script for the server's tools", None, None,
+     ("text/javascript", _STR), (), [], "Error"),
     (("/webui/chat.css",), "get", "The chat page's style sheet", None, None, ("text/css", _STR), (), [], "Error"),
     (("/v1/stream",), "get", "A stream kept under X-Conversation-Id, replayed from byte `from`, then followed "
      "until it ends", None, None, ("text/event-stream", _STR), (400, 404),

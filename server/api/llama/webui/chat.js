@@ -316,6 +316,7 @@ function statsText(s) {
 function renderMessage(m, index, conv) {
   const last = index === conv.messages.length - 1;
   const idle = !inFlight;
+  if (m.role === "tool") return renderToolResult(m); // webui/tools.js
   if (m.role === "user") {
     const thumbs = (m.images || []).length
       ? el("div", { class: "thumbs" }, ...m.images.map((url) =>
@@ -338,12 +339,7 @@ function renderMessage(m, index, conv) {
   const body = el("div", { class: `content${m.streaming ? " cursor" : ""}` });
   body.innerHTML = markdown(content);
   box.append(body);
-  for (const call of m.tool_calls || []) {
-    let args = call.function?.arguments || "";
-    try { args = JSON.stringify(JSON.parse(args), null, 2); } catch { /* partial while streaming */ }
-    box.append(el("details", { class: "tool" }, el("summary", {}, `Tool call: ${call.function?.name || "?"}`),
-      el("pre", {}, args)));
-  }
+  for (const call of m.tool_calls || []) box.append(renderToolCall(call, conv)); // webui/tools.js
   if (m.error) box.append(el("div", { class: "error", role: "alert" }, m.error));
   const s = m.stats || {};
   const line = [statsText(s), m.stopped ? "stopped" : ""].filter(Boolean).join(" \u00b7 ");
@@ -423,8 +419,10 @@ function apiMessages(conv) {
         ? [...images.map((url) => ({ type: "image_url", image_url: { url } })),
           ...(m.content ? [{ type: "text", text: m.content }] : [])]
         : m.content });
+    } else if (m.role === "tool") {
+      out.push({ role: "tool", tool_call_id: m.tool_call_id, content: m.content });
     } else if (!m.streaming) {
-      out.push({ role: "assistant", content: m.content });
+      out.push({ role: "assistant", content: m.content, ...(m.tool_calls?.length ? { tool_calls: m.tool_calls } : {}) });
     }
   }
   return out;
@@ -480,6 +478,8 @@ async function generate(conv) {
   const msg = { role: "assistant", content: "", reasoning: "", streaming: true };
   const body = { messages: apiMessages(conv), stream: true, stream_options: { include_usage: true } };
   for (const k of SAMPLING) if (conv[k] !== "" && conv[k] !== null && !Number.isNaN(Number(conv[k]))) body[k] = Number(conv[k]);
+  const tools = toolDefinitions(); // webui/tools.js: the server's tools, when it has any
+  if (tools) body.tools = tools;
   conv.messages.push(msg);
   conv.updated = Date.now();
   inFlight = { controller: new AbortController(), conv, msg };
@@ -509,6 +509,7 @@ async function generate(conv) {
     if (n > 1 && end > clock.first) msg.stats.tokens_per_second = (n - 1) / ((end - clock.first) / 1000);
   }
   msg.streaming = false;
+  nameToolCalls(msg);
   inFlight = null;
   save();
   if (conversations.includes(conv) && conv === current()) renderAll();
@@ -563,6 +564,7 @@ async function loadProps() {
     }
     props = await res.json();
     notice("");
+    loadTools();
     $("#model").textContent = props.model_alias || props.model_path.split("/").pop();
     const defaults = props.default_generation_settings?.params || {};
     $("#temperature").placeholder = defaults.temperature ?? "";
@@ -673,6 +675,7 @@ function init() {
   $("#system").addEventListener("input", (e) => { current().system = e.target.value; save(); });
   for (const k of SAMPLING) $(`#${k}`).addEventListener("input", (e) => { current()[k] = e.target.value; save(); });
   $("#api-key").value = apiKey();
+  wireToolSettings();
   $("#api-key").addEventListener("change", (e) => {
     localStorage.setItem(API_KEY, e.target.value.trim());
     loadProps();
