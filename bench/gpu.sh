@@ -124,21 +124,7 @@ two_cores() {
     done | sort -k2 -n | awk '!seen[$1]++ {print $2}' | head -2 | paste -sd,
 }
 
-cpu_test_cuda() {
-    stamp "test: tests/test_gpu_llama_cuda.py"
-    GGSERVE_LLAMA_SERVER=$LLAMA_SERVER GGSERVE_GOLDEN_SYNTH=$GPU_SYNTH GGSERVE_GPU_EXTRA_MODELS=$MODEL_8B \
-        "$PY" -m pytest "$REPO/tests/test_gpu_llama_cuda.py" -c "$REPO/pyproject.toml" --rootdir "$REPO" -q \
-        -p no:cacheprovider -rs -s 2>&1 | tee "$OUT/test_gpu_llama_cuda.log" | grep -E "passed|failed|Error|error|max \|" | tail -40
-}
-
-serve() {
-    stamp "serve: $(basename "$1") at ${GPU_STREAMS:-1,8,32,64} streams"
-    "$PY" "$REPO/bench/serve.py" -m "$1" --llama-server "$LLAMA_SERVER" -t "$THREADS" --workloads text \
-        --concurrency "${GPU_STREAMS:-1,8,32,64}" --rounds 1 --max-tokens 64 --ggserve-args "-ngl 99" \
-        --llama-args "-ngl 99" --log-dir "$OUT/serve-logs" --out "$OUT/serve-$(basename "$1" .gguf).json" 2>&1 | tail -30
-}
-
-bench() {   # model, engine.py arguments
+cpu_bench() {   # model, engine.py arguments
     local cpus
     cpus=$(two_cores)
     stamp "cpu: $(basename "$1") on CPUs $cpus"
