@@ -65,6 +65,7 @@ class MediaConfig:
     max_redirects: int = 3
     allowed_domains: list[str] | None = None   # if set, only these hosts (and their subdomains)
     allow_private: bool = False          # loopback/private/link-local/... addresses allowed
+    audio_max_seconds: float = 1800.0    # longest input_audio clip (--audio-max-seconds)
 
 
 class MediaError(ValueError):

@@ -30,6 +30,7 @@ class ContentPart(_Model):
     type: str
     text: Optional[str] = None
     image_url: Any = None
+    input_audio: Any = None          # {data: base64, format: wav | mp3 | flac}
 
 
 class Message(_Model):

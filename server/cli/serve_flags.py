@@ -69,6 +69,8 @@ def add_image_input_flags(p) -> None:
           help="comma-separated hosts image URLs may come from (default: any public host)")
     _flag(p, "--allow-private-media", env="GGSERVE_ALLOW_PRIVATE_MEDIA", flag=True,
           help="allow image URLs on loopback/private addresses")
+    _flag(p, "--audio-max-seconds", env="GGSERVE_AUDIO_MAX_SECONDS", type=float, default=1800.0,
+          metavar="SECONDS", help="longest audio clip accepted (input_audio, /v1/audio/transcriptions)")
 
 
 def add_context_flags(p) -> None:

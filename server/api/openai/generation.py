@@ -12,7 +12,7 @@ from ggserve.server.api.common import API
 from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.limits import check_messages
-from ggserve.server.api.media import MediaError, load_image
+from ggserve.server.api.media_parts import load_media
 from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar_async, completion_options
 from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.chat.prompts import Prompt
@@ -47,8 +47,8 @@ def prefill(req: S.ChatCompletionRequest) -> str:
 
 
 def template_messages(req: S.ChatCompletionRequest) -> tuple[list[dict], list[tuple[str, str]]]:
-    """A request's messages as the chat template takes them (an image part as an
-    `image_url` part without its url) and the images' (url, param) in order."""
+    """A request's messages as the chat template takes them (an image or audio part as an
+    `image_url` part without its url) and the media's (image url | input_audio dict, param) in order."""
     msgs, urls = [], []
     for i, m in enumerate(req.messages):
         msg: dict[str, Any] = {"role": m.role}
@@ -66,6 +66,10 @@ def template_messages(req: S.ChatCompletionRequest) -> tuple[list[dict], list[tu
                         raise invalid("image_url part needs `image_url.url`",
                                       param=f"messages.{i}.content.{j}.image_url")
                     urls.append((url, f"messages.{i}.content.{j}.image_url"))
+                    parts.append({"type": "image_url"})
+                elif part.type == "input_audio":      # the same media marker; decoded by api/media_parts.py
+                    urls.append((part.input_audio if isinstance(part.input_audio, dict) else {"data": None},
+                                 f"messages.{i}.content.{j}.input_audio"))
                     parts.append({"type": "image_url"})
                 else:
                     raise invalid(f"unsupported content part type {part.type!r}",
@@ -91,14 +95,7 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
     builder arranges their embedding rows as llama.cpp's mtmd does."""
     msgs, urls = template_messages(req)
     api.engine                     # 503 while loading
-    api.service.prompts.check_images(len(urls))
-    images = []
-    for url, param in urls:
-        try:
-            loaded = await load_image(url, api.media)
-        except MediaError as e:
-            raise e.api_error(param) from None
-        images.append((loaded.sha256, loaded.image))
+    images = await load_media(api, urls)
     cont, agp = continuation(req, msgs)
     try:
         return await api.service.chat_prompt(

@@ -1,0 +1,122 @@
+"""Audio through the real HTTP server with the openai SDK: `input_audio` parts answered as
+llama-server 11434 answers them (synth-audio goldens: prompt tokens, greedy text up to the
+first near tie, top-5 logprobs), two clips in one message, the embedding cache across
+requests, and every bad input as a 400 naming the reason."""
+import base64
+
+import httpx
+import openai
+import pytest
+
+import synth_audio as SA
+from ggserve.server.api.media import MediaConfig
+from ggserve.server.app import ServerConfig, create_app
+from server_harness import RunningServer
+
+GREEDY = dict(temperature=0.0, top_p=1.0, seed=1234, logprobs=True, top_logprobs=5,
+              extra_body={"top_k": 1, "min_p": 0.0, "repeat_penalty": 1.0, "cache_prompt": False})
+
+
+def b64(name: str) -> str:
+    return base64.b64encode(SA.clip_bytes(name)).decode()
+
+
+def audio_part(name: str) -> dict:
+    return {"type": "input_audio", "input_audio": {"data": b64(name), "format": name.rsplit(".", 1)[1]}}
+
+
+def golden_messages(case: dict) -> list:
+    """The golden request's messages with the clips' bytes put back."""
+    parts = []
+    for p in case["request"]["messages"][0]["content"]:
+        if p["type"] == "input_audio":
+            name = p["input_audio"]["data"].split(" ")[2]
+            parts.append({"type": "input_audio", "input_audio": {"data": b64(name), "format": p["input_audio"]["format"]}})
+        else:
+            parts.append(p)
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    cfg = ServerConfig(model=str(SA.TEXT_MODEL), mmproj=SA.mmproj("ultravox"), n_ctx=4096, n_parallel=2,
+                       n_batch=2048, n_threads=2, metrics=True, media=MediaConfig(audio_max_seconds=31))
+    with RunningServer(create_app(cfg)) as srv:
+        srv.model = httpx.get(srv.url + "/v1/models").json()["data"][0]["id"]
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def assert_answer_as_llama_cpp(answer, case):
+    assert answer.usage.prompt_tokens == case["prompt_tokens"]
+    tie = SA.first_near_tie(case)
+    steps = answer.choices[0].logprobs.content
+    got = [s.bytes for s in steps]           # by bytes: a token that is part of a UTF-8 character has no text
+    assert got[:tie] == [s["bytes"] for s in case["steps"]][:tie]
+    worst = 0.0
+    for ours, gold in list(zip(steps, case["steps"]))[:tie + 1]:
+        mine = {tuple(t.bytes): t.logprob for t in ours.top_logprobs}
+        for t in gold["top_logprobs"]:
+            worst = max(worst, abs(mine[tuple(t["bytes"])] - t["logprob"]))
+    assert worst <= SA.LOGPROB_TOL
+
+
+@pytest.mark.parametrize("audio", ["speech_espeak_22k_mono.wav", SA.TWO])
+def test_input_audio_answers_as_llama_server(client, server, audio):
+    case = SA.case("ultravox", audio)
+    answer = client.chat.completions.create(model=server.model, messages=golden_messages(case),
+                                            max_tokens=len(case["generated_ids"]), **GREEDY)
+    assert_answer_as_llama_cpp(answer, case)
+
+
+def test_same_clip_again_skips_the_encoder(client, server):
+    msg = [{"role": "user", "content": [audio_part("tone_16k_mono_1s.wav"), {"type": "text", "text": "Again?"}]}]
+    first = client.chat.completions.create(model=server.model, messages=msg, max_tokens=4, temperature=0)
+    misses = server.metric("ggserve_image_cache_misses_total")
+    hits = server.metric("ggserve_image_cache_hits_total")
+    # text before the clip: no cached prefix covers it, only the embedding cache can
+    msg2 = [{"role": "user", "content": [{"type": "text", "text": "Listen."}, audio_part("tone_16k_mono_1s.wav")]}]
+    second = client.chat.completions.create(model=server.model, messages=msg2, max_tokens=4, temperature=0)
+    assert server.metric("ggserve_image_cache_misses_total") == misses
+    assert server.metric("ggserve_image_cache_hits_total") == hits + 1
+    again = client.chat.completions.create(model=server.model, messages=msg, max_tokens=4, temperature=0)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert second.choices[0].message.content is not None
+
+
+BAD = {
+    "not_audio": ({"data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode(), "format": "wav"},
+                  "not a WAV, MP3 or FLAC"),
+    "unsupported_format": ({"data": "AAAA", "format": "ogg"}, "Unsupported audio format"),
+    "bad_base64": ({"data": "!!!not base64!!!", "format": "wav"}, "Invalid base64"),
+    "no_data": ({"format": "wav"}, "needs `data`"),
+    "truncated_wav": ({"data": base64.b64encode(SA.clip_bytes("tone_16k_mono_1s.wav")[:40]).decode(),
+                       "format": "wav"}, "Could not decode"),
+    "too_long": ({"data": b64("long_16k_mono_35s.wav"), "format": "wav"}, "--audio-max-seconds"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_audio_is_a_400_and_the_server_keeps_serving(server, client, case):
+    part, reason = BAD[case]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": part}]}], "max_tokens": 2})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and reason in err["message"]
+    assert err["param"] == "messages.0.content.0.input_audio"
+    ok = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert ok.choices[0].message.content is not None
+
+
+def test_audio_to_a_server_without_an_audio_encoder_is_a_400(smollm2_path):
+    with RunningServer(create_app(ServerConfig(model=smollm2_path, n_ctx=1024, n_parallel=1, n_threads=2))) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": [audio_part("tone_16k_mono_1s.wav")]}], "max_tokens": 2})
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "audio_not_supported"
+        assert "does not support audio" in r.json()["error"]["message"]
