@@ -7,6 +7,7 @@ directory or --tools-root, runtimes whose id could read as an option.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 
@@ -110,6 +111,18 @@ def test_grep_with_context_and_line_numbers(tmp_path):
 def test_shell_runs_in_the_working_directory(tmp_path):
     res = call("exec_shell_command", {"command": "pwd; exit 3"}, tmp_path)
     assert res == {"plain_text_response": f"{tmp_path}\n\n[exit code: 3]"}
+
+
+def test_a_command_that_closes_its_output_early_still_gets_its_exit_code(tmp_path):
+    res = call("exec_shell_command", {"command": "echo out; exec >&- 2>&-; sleep 0.3; exit 4"}, tmp_path)
+    assert res == {"plain_text_response": "out\n\n[exit code: 4]"}
+
+
+def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path):
+    res = call("exec_shell_command", {"command": "(sleep 30; touch late) & echo started; sleep 30", "timeout": 1},
+               tmp_path)
+    assert res == {"plain_text_response": "started\n\n[exit code: -9] [exit due to timed out]"}
+    assert not (tmp_path / "late").exists()
 
 
 # --- safety: paths ----------------------------------------------------------------------------
@@ -239,3 +252,37 @@ def test_mcp_config_errors_and_skipped_entries(tmp_path):
         load(str(tmp_path / "missing.json"), None)
     parsed = load(None, '{"mcpServers": {"a": {"command": "x", "timeout_ms": 500}, "b": {"args": []}}}')
     assert [(c.name, c.timeout_ms) for c in parsed] == [("a", 500)]
+
+
+# --- runtimes: every operation as a command on the far side ----------------------------------
+
+@pytest.fixture
+def local_docker(tmp_path, monkeypatch):
+    """A `docker` that runs `docker exec [-i] ID CMD...` as CMD here: IsolateIO's commands (sh, cat, wc,
+    find, timeout) then run for real, as they would inside a container."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = exec ] || exit 99\nshift\n[ "$1" = -i ] && shift\n'
+                                    'shift\nexec "$@"\n')
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    work = tmp_path / "work"
+    work.mkdir()
+    return work
+
+
+def test_tools_through_a_container_runtime(local_docker):
+    run = functools.partial(call, cwd=local_docker, runtime="docker-container:abc123")
+    assert run("write_file", {"path": "sub/a.txt", "content": "hello\nworld\n"})["bytes"] == 12
+    assert (local_docker / "sub" / "a.txt").read_text() == "hello\nworld\n"
+    assert run("read_file", {"path": "sub/a.txt"}) == {"plain_text_response": "hello\nworld\n"}
+    edited = run("edit_file", {"path": "sub/a.txt", "edits": [{"old_text": "world", "new_text": "there"}]})
+    assert edited == {"result": "file edited successfully", "path": "sub/a.txt", "edits_applied": 1}
+    assert edited[
+        "edits_applied"] == 1
+    assert run("grep_search", {"path": ".", "pattern": "the"})["plain_text_response"].startswith("sub/a.txt:there\n")
+    listed = run("file_glob_search", {"path": ".", "type": "all"})
+    assert sorted(e["path"] for e in listed["entries"]) == ["sub", "sub/a.txt"]
+    assert run("exec_shell_command", {"command": "cat sub/a.txt"}) == {
+        "plain_text_response": "hello\nthere\n\n[exit code: 0]"}
+    assert run("read_file", {"path": "../x"}) == {"error": "path escapes the working directory: ../x"}

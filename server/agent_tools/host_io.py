@@ -61,18 +61,21 @@ async def run_command(argv: list[str], max_output: int, timeout: float, cwd: str
         proc.stdin.close()
     decoder, kept, out, timed_out = codecs.getincrementaldecoder("utf-8")("replace"), 0, [], False
     deadline = time.monotonic() + timeout
+    finished = False
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
             try:
-                data = await asyncio.wait_for(proc.stdout.read(4096), left)
+                data = await asyncio.wait_for(proc.stdout.read(4096), max(left, 0))
             except asyncio.TimeoutError:
                 timed_out = True
                 break
-            if not data:
+            if not data:          # EOF: the command ends (a child it left may hold the pipe: bounded)
+                try:
+                    await asyncio.wait_for(proc.wait(), max(deadline - time.monotonic(), 0.1))
+                    finished = True
+                except asyncio.TimeoutError:
+                    timed_out = True
                 break
             if kept < max_output:                 # past the cap: drained, not kept
                 data = data[:max_output - kept]
@@ -82,7 +85,7 @@ async def run_command(argv: list[str], max_output: int, timeout: float, cwd: str
                 if on_chunk is not None and text and not on_chunk(text):
                     break
     finally:
-        if proc.returncode is None:
+        if not finished:                          # timed out, the client left, or cancelled
             _kill_group(proc.pid)
         code = await proc.wait()
     output = "".join(out) + decoder.decode(b"", final=True)
