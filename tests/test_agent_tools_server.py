@@ -95,6 +95,11 @@ def test_request_errors_in_the_api_shape(srv):
     assert bad.status_code == 400
 
 
+def test_props_say_whether_the_proxy_is_on(srv, plain):
+    assert httpx.get(srv.url + "/props", headers=KEY).json()["cors_proxy_enabled"] is True
+    assert httpx.get(plain.url + "/props").json()["cors_proxy_enabled"] is False
+
+
 def test_cors_proxy_forwards_prefixed_headers_and_keeps_the_status(srv):
     class NoContent(BaseHTTPRequestHandler):
         def do_POST(self):

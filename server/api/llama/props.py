@@ -91,7 +91,7 @@ def props(api) -> dict:
         "eos_token": tok.id_to_token(tok.eos_id) if tok.eos_id is not None and tok.eos_id >= 0 else "",
         "build_info": "ggserve",
         "is_sleeping": False,
-        "cors_proxy_enabled": False,
+        "cors_proxy_enabled": bool(getattr(getattr(cfg, "agent", None), "cors_proxy", False)),   # --ui-mcp-proxy
     }
 
 
