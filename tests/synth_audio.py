@@ -15,6 +15,7 @@ DOC = json.loads((SYNTH / "out" / "audio_chat.json").read_text())
 TEXT_MODEL = SYNTH / "models" / "synth-llama-smolvocab-audio.gguf"
 FAMILIES = ("ultravox", "voxtral", "qwen2a", "gemma4")
 TWO = "tone_16k_mono_1s.wav+speech_espeak_22k_mono.wav"
+IMAGE_AND_AUDIO = "img:checker_300x200.png+tone_16k_mono_1s.wav"   # gemma4: both encoders of one mmproj
 NEAR_TIE = 0.05               # the rule: greedy text equal up to llama.cpp's first gap < 0.05
 LOGPROB_TOL = 0.01
 

@@ -7,11 +7,11 @@ import base64
 import httpx
 import openai
 import pytest
-
 import synth_audio as SA
+from server_harness import RunningServer
+
 from ggserve.server.api.media import MediaConfig
 from ggserve.server.app import ServerConfig, create_app
-from server_harness import RunningServer
 
 GREEDY = dict(temperature=0.0, top_p=1.0, seed=1234, logprobs=True, top_logprobs=5,
               extra_body={"top_k": 1, "min_p": 0.0, "repeat_penalty": 1.0, "cache_prompt": False})

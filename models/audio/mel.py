@@ -28,7 +28,7 @@ MEL_FLOOR = float(np.float32(5.960464477539063e-08))
 
 def _libm():
     lib = ctypes.CDLL(ctypes.util.find_library("m"))
-    for name in ("sinf", "cosf"):
+    for name in ("sinf", "cosf", "expf", "logf"):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
     return lib
@@ -167,3 +167,40 @@ def whisper_chunks(samples: np.ndarray, n_mel: int = 128) -> list[np.ndarray]:
     mel = log_mel(samples, n_mel=n_mel, n_fft=400, hop=160, sample_rate=16000)
     n = mel.shape[1] // WHISPER_CHUNK_FRAMES
     return [np.ascontiguousarray(mel[:, i * WHISPER_CHUNK_FRAMES:(i + 1) * WHISPER_CHUNK_FRAMES]) for i in range(n)]
+
+
+@functools.cache
+def gemma4_window(window: int, n_fft: int) -> np.ndarray:
+    """A periodic Hann of `window` samples in float arithmetic, zeros after it up to n_fft."""
+    out = np.zeros(n_fft, np.float32)
+    two_pi = np.float32(2.0) * np.float32(math.pi)
+    for i in range(window):
+        c = np.float32(_LIBM.cosf(float(two_pi * np.float32(i) / np.float32(window))))
+        out[i] = np.float32(0.5) - np.float32(0.5) * c
+    return out
+
+
+def gemma4_chunks(samples: np.ndarray, n_mel: int = 128, rate: int = 16000) -> list[np.ndarray]:
+    """mtmd's gemma4a front end: 30 s pieces, each float32 [n_mel, n_frames] (see the module doc)."""
+    n_fft, window, hop = 512, 320, 160
+    x = np.asarray(samples, np.float32)
+    filters = mel_filters(n_mel, n_fft, rate, 0.0, rate / 2.0, slaney_area_norm=False, use_htk=True)
+    sin, cos = sin_cos_table(n_fft)
+    out = []
+    for off in range(0, x.size, 30 * rate):
+        piece = x[off:off + 30 * rate]
+        pad_left = window // 2
+        n_frames = (piece.size + pad_left - (window + 1)) // hop + 1
+        total_pad = max((n_frames - 1) * hop + n_fft - piece.size, pad_left)
+        padded = np.zeros(total_pad + piece.size, np.float32)
+        padded[pad_left:pad_left + piece.size] = piece
+        n_len = (padded.size - n_fft) // hop + 1
+        frames = np.lib.stride_tricks.as_strided(padded, (n_len, n_fft), (hop * 4, 4))
+        re, im = fft_real(frames * gemma4_window(window, n_fft), sin, cos)
+        k = n_fft // 2 + 1
+        magnitude = np.sqrt(re[:, :k] * re[:, :k] + im[:, :k] * im[:, :k])
+        total = np.maximum(_mel_dot(magnitude, filters), float(np.float32(0.001)))
+        mel = np.fromiter(map(math.log, total.ravel()), np.float64, total.size).astype(np.float32)
+        mel = mel.reshape(n_len, n_mel).T[:, :min(n_len, n_frames)]
+        out.append(np.ascontiguousarray(mel))
+    return out

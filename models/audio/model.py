@@ -47,8 +47,10 @@ class AudioChunks(list):
 
 
 def _families() -> dict:
-    from ggserve.models.audio import whisper
-    return {p: whisper.WhisperEncoder for p in whisper.FAMILIES}
+    from ggserve.models.audio import gemma4a, whisper
+    fams = {p: whisper.WhisperEncoder for p in whisper.FAMILIES}
+    fams.update({p: gemma4a.Gemma4AudioEncoder for p in gemma4a.FAMILIES})
+    return fams
 
 
 def supported() -> tuple[str, ...]:
