@@ -18,9 +18,9 @@ head(). Options read by the shared steps:
 """
 from __future__ import annotations
 
-from ggserve.native import ggml
 from ggserve.models import blocks
 from ggserve.models.memory import LayerKV
+from ggserve.native import ggml
 
 LAST_LAYER, BEFORE_NORM, AFTER_NORM = "last_layer", "before_norm", "after_norm"
 ATTN_TEMP = "attn_temp"
@@ -35,11 +35,14 @@ class Decoder:
     swa_layers = None
     window = 0
     chunk = 0
+    window_cache = False        # sliding-window layers in llama.cpp's window + ubatch ring (LayerKV)
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
         n = self.head_dim * self.n_head_kv
         swa = self.swa_layers or [False] * self.n_layer
-        return [LayerKV(n, n, device_of_layer(il), self.window if swa[il] else 0, self.chunk if swa[il] else 0)
+        ring = self.window_cache and bool(self.window) and not self.chunk
+        return [LayerKV(n, n, device_of_layer(il), self.window if swa[il] else 0, self.chunk if swa[il] else 0,
+                        window_cache=ring and swa[il])
                 for il in range(self.n_layer)]
 
     def step_values(self, positions):
@@ -54,6 +57,8 @@ class Decoder:
         x = inp.embed(g, self.tok_embd, self.embd_scale)                 # [n_embd, n_tokens]
         for il, L in enumerate(self.layers):
             x = self.layer(g, inp, il, L, x, temp)
+            if inp.control and il in inp.control:      # llama.cpp's build_cvec after each layer
+                x = g.add(x, inp.control[il])
         return self.head(g, inp, x)
 
     def layer(self, g, inp, il, L, x, temp):
@@ -96,6 +101,13 @@ class Decoder:
     def rope(self, g, il, t, pos):
         """t [head_dim, n_head, n_tokens] rotated by the positions pos (layer il's rope)."""
         raise NotImplementedError
+
+    def shift_k(self, g, il, k, shift):
+        """Cached keys [head_dim, n_head_kv, n] moved by `shift` positions (i32 [n]): llama.cpp's
+        K-shift after a context shift, with layer il's rope parameters. llama.cpp shifts every
+        layer (its rope_pattern is all ones but for Granite's), so a model whose forward leaves
+        some layers unrotated overrides this to rotate them all the same."""
+        return self.rope(g, il, k, shift)
 
     def scale_q(self, g, il, q, temp):
         """Queries after rope: times the attention temperature, then q_scale."""

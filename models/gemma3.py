@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 
-from ggserve.native import ggml
 from ggserve.models import blocks
 from ggserve.models.decoder import Decoder
 from ggserve.models.hparams import HParams
 from ggserve.models.registry import register
 from ggserve.models.weights import Weights
+from ggserve.native import ggml
 
 SWA_PATTERN = 6                 # layer il is global when il % 6 == 5
 SWA_ROPE_BASE = 10000.0
@@ -24,6 +24,7 @@ SWA_ROPE_BASE = 10000.0
 class Gemma3Model(Decoder):
     rope_type = ggml.ROPE_NEOX
     kq_scale = 1.0
+    window_cache = True
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
@@ -45,6 +46,11 @@ class Gemma3Model(Decoder):
 
     def is_swa(self, il: int) -> bool:
         return bool(self.window) and il % SWA_PATTERN < SWA_PATTERN - 1
+
+    def shift_k(self, g, il, k, shift):
+        """Cached keys [head_dim, n_head_kv, n] moved by `shift` positions: llama.cpp's
+        K-shift after a context shift, each layer's own rope."""
+        return self.rope(g, il, k, shift)
 
     def rope(self, g, il, t, pos):
         swa = self.swa_layers[il]

@@ -20,7 +20,6 @@ import math
 
 import numpy as np
 
-from ggserve.native import ggml
 from ggserve.models import blocks
 from ggserve.models.decoder import AFTER_NORM, Decoder
 from ggserve.models.gemma4e import PerLayerEmbeddings, shared_kv_sources
@@ -28,6 +27,7 @@ from ggserve.models.hparams import HParams
 from ggserve.models.memory import LayerKV
 from ggserve.models.registry import ModelError, register
 from ggserve.models.weights import Weights
+from ggserve.native import ggml
 
 
 def _per_layer(value, n_layer: int) -> list[int]:
@@ -78,10 +78,6 @@ class Gemma4Model(Decoder):
         w = Weights(tensors, path)
         w.embeddings_and_output(self)
         n_ple = hp.get("embedding_length_per_layer_input", 0)
-        # E2B/E4B keep their sliding-window layers in llama.cpp's window + ubatch ring (its
-        # KV size); the dense files keep them over the whole context: with the ring, the
-        # dense golden's long_code logprobs drift from llama.cpp's at step 43 (0.09)
-        self.window_ring = bool(n_ple or hp.get("attention.shared_kv_layers", 0))
         self.per_layer = PerLayerEmbeddings(w, self.n_embd, n_ple, n, self.eps) if n_ple else None
         self.rope_freqs = w.get("rope_freqs.weight", (full_dim // 2,), required=not all(self.swa))
         self.layers = [blocks.Layer(w, i, self._attention_weights(i), blocks.ffn_weights(self, self.n_ff[i]),
@@ -99,13 +95,13 @@ class Gemma4Model(Decoder):
         return [(a, name, shape, req and a not in ("wk", "k_norm")) for a, name, shape, req in rows]
 
     def memory_layers(self, device_of_layer) -> list[LayerKV]:
-        """A shared layer reads the cache of the layer it names; sliding-window layers of
-        E-models in a window + ubatch ring (llama.cpp's iSWA cache)."""
+        """A shared layer reads the cache of the layer it names; sliding-window layers in
+        a window + ubatch ring (llama.cpp's iSWA cache)."""
         def spec(il):
             src = self.kv_from[il]
             n = self.head_dim[src] * self.n_head_kv[src]
             return LayerKV(n, n, device_of_layer(src), self.window if self.swa[il] else 0,
-                           kv_from=-1 if src == il else src, window_cache=self.swa[il] and self.window_ring)
+                           kv_from=-1 if src == il else src, window_cache=self.swa[il])
         return [spec(il) for il in range(self.n_layer)]
 
     def forward(self, g, inp):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 
-from ggserve.native import ggml
 from ggserve.models import blocks, moe
 from ggserve.models.decoder import BEFORE_NORM, Decoder
 from ggserve.models.hparams import HParams
 from ggserve.models.registry import register
 from ggserve.models.rope import RopeScaling
 from ggserve.models.weights import Weights
+from ggserve.native import ggml
 
 SWA_PATTERN = 2           # llama.cpp's default for this arch: il % 2 == 0 is sliding-window
 
@@ -28,6 +28,7 @@ SWA_PATTERN = 2           # llama.cpp's default for this arch: il % 2 == 0 is sl
 class GptOssModel(Decoder):
     rope_type = ggml.ROPE_NEOX
     pick_rows = BEFORE_NORM
+    window_cache = True
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)

@@ -3,7 +3,7 @@
 Taken: the sampling flags (--temp, --top-k, ...: server/cli/sampling_flags.py), -s/--seed and -n/--n-predict
 (every request's default, as llama-server's sampling defaults),
 --no-ui (= --no-webui). Accepted with no effect, each for the reason in its help: --offline,
---no-jinja, -cb/--cont-batching, -ub/--ubatch-size, -fa/--flash-attn, --swa-full, --[no-]cache-idle-slots.
+--no-jinja, -cb/--cont-batching, -ub/--ubatch-size, -fa/--flash-attn, --[no-]cache-idle-slots.
 --host may list several addresses (`127.0.0.1,::1`), as llama-server 11434; see bind_sockets.
 """
 from __future__ import annotations
@@ -167,7 +167,7 @@ def _add_api_and_request_flags(p) -> None:
 
 
 def _add_runtime_compat_flags(p) -> None:
-    """More flags that change nothing here: warm-up, HTTP threads, timings, escapes, SWA cache."""
+    """More flags that change nothing here: warm-up, HTTP threads, timings, escapes."""
     p.add_argument("--warmup", "--no-warmup", nargs=0, action=_Accepted,
                    help="accepted for llama-server compatibility: ggserve runs no warm-up decode at start")
     p.add_argument("--threads-http", type=int, default=None, metavar="N",
@@ -176,8 +176,6 @@ def _add_runtime_compat_flags(p) -> None:
                    help="accepted for llama-server compatibility: responses always carry their timings")
     p.add_argument("-e", "--escape", "--no-escape", nargs=0, action=_Accepted,
                    help="accepted for llama-server compatibility: escapes are for prompts on a command line")
-    p.add_argument("--swa-full", action="store_true",
-                   help="accepted for llama-server compatibility: the sliding-window layers keep a full-size cache")
 
 
 

@@ -25,6 +25,7 @@ from ggserve.server.cli.llama_flags import (
     tags,
 )
 from ggserve.server.cli.log_flags import setup_logging
+from ggserve.server.cli.memory_flags import add_memory_flags, memory_settings
 from ggserve.server.cli.serve_flags import (
     add_batching_flags,
     add_chat_template_flags,
@@ -56,6 +57,7 @@ def serve_parser() -> argparse.ArgumentParser:
     add_model_flags(p)
     add_image_input_flags(p)
     add_context_flags(p)
+    add_memory_flags(p)
     add_batching_flags(p)
     add_prompt_cache_flags(p)
     add_slot_endpoint_flags(p)
@@ -90,7 +92,8 @@ def config_from_args(args):
     llama = llama_flag_settings(args)
     engine = _engine_settings(args, model, rpc, split)
     defaults = _request_defaults(args, template_kwargs)
-    return ServerConfig(**engine, **http, **llama, **defaults, media=_media_config(args))
+    memory = memory_settings(args)
+    return ServerConfig(**engine, **memory, **http, **llama, **defaults, media=_media_config(args))
 
 
 def _model_file(args) -> str:

@@ -39,6 +39,10 @@ class EngineConfig:
     embeddings: bool = False                  # --embeddings: pooled hidden states instead of logits
     pooling: str | None = None                # --pooling (None: the GGUF's)
     spec: SpecConfig | None = None            # speculative decoding (None: none)
+    swa_full: bool = False                    # --swa-full: sliding-window layers over the whole context
+    fit: bool = False                         # --fit: an unset context shrinks to leave fit_target_mb free
+    fit_target_mb: int = 1024                 # --fit-target
+    fit_ctx: int = 4096                       # --fit-ctx: the least context per slot --fit leaves
 
     def template_source(self) -> str | None:
         """The chat template's text that replaces the GGUF's, if a flag names one."""

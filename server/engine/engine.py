@@ -29,10 +29,10 @@ from ggserve.server.engine.images.encoder import BACKGROUND_THREADS, ImageEncode
 from ggserve.server.engine.images.store import ImageStore
 from ggserve.server.engine.kernel_parity import KernelParity
 from ggserve.server.engine.loader import LoadedModel
-from ggserve.server.engine.memory import slot_files
+from ggserve.server.engine.memory import sizing, slot_files
 from ggserve.server.engine.memory.host_cache import HostCache
 from ggserve.server.engine.memory.kv_cache import MAX_SEQS
-from ggserve.server.engine.memory.model_memory import Memory, context_sizes
+from ggserve.server.engine.memory.model_memory import Memory
 from ggserve.server.engine.memory.prefix_cache import PrefixCache
 from ggserve.server.engine.memory.snapshot import layout as snapshot_layout
 from ggserve.server.engine.pooling import Pool, from_gguf
@@ -62,15 +62,15 @@ class Engine:
                                   rpc=cfg.rpc, tensor_split=cfg.tensor_split, use_mmap=cfg.use_mmap,
                                   mlock=cfg.mlock, cpu_kernels=cfg.cpu_kernels)
         lm = self.loaded
-        # KV cells and each slot's context, as llama.cpp sizes them (n_ctx 0: the model's)
         self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
-        self.kv_size, self.n_ctx = context_sizes(cfg.n_ctx, n_parallel, cfg.kv_unified, self.n_ctx_train)
-        self.model_path, self.model_name = lm.path, lm.name
+        specs = sizing.layer_specs(lm.model, lm.device_of_layer, cfg.swa_full)
+        self.kv_size, self.n_ctx = sizing.fit_context(cfg, lm, specs, self.n_ctx_train)    # as llama.cpp's
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
         self.n_threads = self.backend.n_threads       # -t: a step of one row; -tb (0: as -t): larger steps
         self.n_threads_batch = cfg.n_threads_batch if cfg.n_threads_batch > 0 else self.n_threads
         self.n_pos = getattr(self.model, "n_pos", 1)
-        self.memory = Memory(self.backend, self.model.memory_layers(lm.device_of_layer), kv_size=self.kv_size,
+        self.model_path, self.model_name = lm.path, lm.name
+        self.memory = Memory(self.backend, specs, kv_size=self.kv_size, unified=cfg.kv_unified,
                              n_seqs=n_parallel, type_k=ggml.type_by_name(cfg.cache_type_k),
                              type_v=ggml.type_by_name(cfg.cache_type_v), n_pos=self.n_pos, n_ubatch=n_batch)
         self.kv = self.memory.kv

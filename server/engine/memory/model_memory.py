@@ -37,9 +37,18 @@ def context_sizes(n_ctx: int, n_parallel: int, unified: bool, n_ctx_train: int) 
     return n, min(per_slot, n_ctx_train) if n_ctx_train > 0 else per_slot
 
 
+def ring_layout(specs: list, kv_size: int, n_seqs: int, n_ubatch: int, unified: bool) -> tuple[int, int]:
+    """(cells per ring, rings) of the window_cache layers: one ring every sequence
+    shares with a unified cache, else one per sequence (llama.cpp's per-stream caches)."""
+    window, n = max(s.sliding_window for s in specs if s is not None and s.window_cache), max(1, n_seqs)
+    if unified:
+        return ring_size(window, n_ubatch, kv_size, n), 1
+    return ring_size(window, n_ubatch, kv_size // n), n
+
+
 class Memory:
     def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1,
-                 n_ubatch: int = 512):
+                 n_ubatch: int = 512, unified: bool = False):
         self.backend = backend
         attention = [s if isinstance(s, LayerKV) else None for s in specs]
         recurrent = [s if isinstance(s, LayerRecurrent) else None for s in specs]
@@ -48,8 +57,7 @@ class Memory:
         self.swa = None
         if any(self.in_ring):
             ring = [s if r else None for s, r in zip(attention, self.in_ring)]
-            per_seq = ring_size(max(s.sliding_window for s in ring if s), n_ubatch, kv_size // max(1, n_seqs))
-            self.swa = SwaRing(backend, ring, per_seq, max(1, n_seqs), type_k, type_v)
+            self.swa = SwaRing(backend, ring, *ring_layout(ring, kv_size, n_seqs, n_ubatch, unified), type_k, type_v)
             attention = [None if r else s for s, r in zip(attention, self.in_ring)]
         self.n_ubatch = n_ubatch
         self._ring_cells = np.zeros(0, dtype=np.int64)
@@ -133,11 +141,13 @@ class Memory:
         """seq drops its tokens n_keep .. n_keep + n_discard and the n_past - n_keep -
         n_discard after them move back to follow the kept ones, keys re-rotated
         (llama-server's context shift: seq_rm, seq_add). False (nothing done) where
-        memory cannot: a recurrent state, M-RoPE, or cells shared with another sequence."""
-        if self.recurrent is not None or self.swa is not None or not self.kv.owns(seq, n_keep):
+        memory cannot: a recurrent state, M-RoPE, or cells shared with another sequence.
+        A sliding-window ring shifts as the main cache (llama.cpp's iSWA cache does both)."""
+        if self.recurrent is not None or not self.kv.owns(seq, n_keep):
             return False
-        self.kv.seq_rm(seq, n_keep, n_keep + n_discard)
-        self.kv.seq_add(self.backend, model, seq, n_keep + n_discard, n_past, -n_discard)
+        for cache in (self.kv, self.swa) if self.swa is not None else (self.kv,):
+            cache.seq_rm(seq, n_keep, n_keep + n_discard)
+            cache.seq_add(self.backend, model, seq, n_keep + n_discard, n_past, -n_discard)
         return True
 
     def free(self, seq: int) -> None:
@@ -165,6 +175,7 @@ class Memory:
         if self.swa is not None:      # each sequence's rows ubatch by ubatch, as llama.cpp places them
             first = np.asarray(positions).reshape(-1, len(cells))[0]
             ring = np.zeros(len(cells), dtype=np.int64)
+            self.swa.begin_step()
             for seq in dict.fromkeys(np.asarray(seq_ids).tolist()):
                 rows = np.flatnonzero(np.asarray(seq_ids) == seq)
                 for a in range(0, len(rows), self.n_ubatch):

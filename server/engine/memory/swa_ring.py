@@ -11,7 +11,10 @@ ring's size a sequence's cells wrap around, so flash attention visits the same k
 in another order and over another number of cells than in one long cache: on a
 model as sensitive as EXAONE 4's 64 layers that changes the logits (long_code's
 1231-token prompt). `SwaRing` places cells as llama.cpp does, one ring per sequence
-(region), so a sequence gets its solo result whatever runs beside it.
+(region), so a sequence gets its solo result whatever runs beside it. With a unified
+cache llama.cpp keeps one ring of pad(n_seqs x window + ubatch) cells that every
+sequence places in (a cell is usable once the window hides it from its own
+sequence's last token): `SwaRing` with one region does the same.
 """
 from __future__ import annotations
 
@@ -24,46 +27,67 @@ from ggserve.server.engine.memory.kv_step import KVStep, mask_name
 TAG = "_swa"        # graph inputs of the ring: kv_slots_swa, kq_mask_w32_c0_swa
 
 
-def ring_size(window: int, n_ubatch: int, per_slot: int) -> int:
-    """Cells of one sequence's ring (llama-kv-cache-iswa.cpp: size_swa)."""
-    return min(per_slot, -(-(window + n_ubatch) // N_KV_PAD) * N_KV_PAD)
+def ring_size(window: int, n_ubatch: int, per_slot: int, n_seqs: int = 1) -> int:
+    """Cells of a ring that n_seqs sequences share (1: one sequence's ring), at most
+    per_slot (llama-kv-cache-iswa.cpp: size_swa, n_swa x n_seq_max with a unified cache)."""
+    return min(per_slot, -(-(window * n_seqs + n_ubatch) // N_KV_PAD) * N_KV_PAD)
 
 
 class SwaRing(KVCache):
     """K/V of the `window_cache` layers; the main cache keeps the rest and the
     bookkeeping of which tokens each sequence holds."""
 
-    def __init__(self, backend, layers, size_per_seq: int, n_seqs: int, type_k, type_v):
-        super().__init__(backend, layers, size_per_seq * n_seqs, type_k, type_v, n_regions=n_seqs)
+    def __init__(self, backend, layers, size_per_region: int, n_regions: int, type_k, type_v):
+        super().__init__(backend, layers, size_per_region * n_regions, type_k, type_v, n_regions=n_regions)
         self.window = max(l.sliding_window for l in layers if l is not None)
-        self.head = np.zeros(n_seqs, dtype=np.int64)       # per region, relative to its start
+        self.head = np.zeros(n_regions, dtype=np.int64)       # per region, relative to its start
+        self._before: dict[int, int] = {}      # each sequence's last position before this step
 
-    def _masked(self, cells: np.ndarray, pmax: int) -> np.ndarray:
-        """Cells the window hides from the sequence's last token (one sequence per ring)."""
-        return (self.pos[cells] >= 0) & (self.pos[cells] <= pmax + 1 - self.window)
+    def begin_step(self) -> None:
+        """A step's placements start: another sequence's cells stay until the step has
+        read them (as llama.cpp places a whole ubatch against the cache before it)."""
+        owners = self.seqs[self.seqs != 0]
+        self._before = {b.bit_length() - 1: int(self.pos[self._cells_of(b.bit_length() - 1)].max())
+                        for b in np.unique(owners).tolist() if not b & (b - 1)}
+
+    def _masked(self, cells: np.ndarray, seq: int) -> np.ndarray:
+        """Cells the window hides from the last token of the one sequence that holds them
+        (seq's own: as placed so far; another's: as it was before the step)."""
+        out = np.zeros(len(cells), dtype=bool)
+        owners = self.seqs[cells]
+        for bits in np.unique(owners[owners != 0]).tolist():
+            if bits & (bits - 1):
+                continue          # shared by several sequences: kept
+            s = bits.bit_length() - 1
+            pmax = int(self.pos[self._cells_of(s)].max()) if s == seq else self._before.get(s, -1)
+            sel = owners == bits
+            out[sel] = self.pos[cells[sel]] <= pmax + 1 - self.window
+        return out
 
     def place(self, seq: int, positions: np.ndarray) -> np.ndarray:
         """Find and take cells for seq's tokens at these positions (one ubatch),
         llama.cpp's find_slot then apply_ubatch. Raises KVCacheFull."""
         r0, r1 = self._region(seq)
         size, n = r1 - r0, len(positions)
-        mine = self._cells_of(seq)
-        pmax = int(self.pos[mine].max()) if len(mine) else -1
         used = int(np.count_nonzero(self.seqs[r0:r1]))
         head = int(self.head[seq % self.n_regions])
         if head > used + 2 * n:
             head = 0
         order = (np.arange(size) + head) % size + r0
-        usable = (self.seqs[order] == 0) | self._masked(order, pmax)
+        usable = (self.seqs[order] == 0) | self._masked(order, seq)
         picked = order[usable][:n]
         if len(picked) < n:
             raise KVCacheFull(f"need {n} sliding-window cells, {len(picked)} usable")
-        overwritten = self.pos[picked][self.seqs[picked] != 0]
+        taken = picked[self.seqs[picked] != 0]
+        overwritten = {}          # owner -> the highest position overwritten
+        for owner, p in zip(self.seqs[taken].tolist(), self.pos[taken].tolist()):
+            s = owner.bit_length() - 1
+            overwritten[s] = max(overwritten.get(s, -1), p)
         self.seqs[picked] = 0
         self.pos[picked] = -1
         self.commit(picked, np.full(n, seq), positions)
-        if len(overwritten):      # keep [pos_min, pos_max] whole: drop what lies below an overwritten one
-            self.seq_rm(seq, 0, int(overwritten.max()) + 1)
+        for s, p in overwritten.items():     # keep [pos_min, pos_max] whole: drop what lies below an overwritten one
+            self.seq_rm(s, 0, p + 1)
         self.head[seq % self.n_regions] = int(picked[-1]) - r0 + 1
         return picked
 

@@ -1,0 +1,32 @@
+"""How much memory the KV cache may take: llama-server 11434's --swa-full, --fit,
+--fit-target and --fit-ctx (common/arg.cpp), read into EngineConfig's fields
+(server/engine/memory/sizing.py does the sizing)."""
+from __future__ import annotations
+
+from ggserve.server.cli.serve_flags import _EnvDefault
+
+_ON, _OFF = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+def add_memory_flags(p) -> None:
+    p.add_argument("--swa-full", action=_EnvDefault, env="LLAMA_ARG_SWA_FULL", nargs=0, default=False,
+                   help="sliding-window layers keep a cache over the whole context, as global layers do "
+                        "(default: a ring of window + ubatch cells per slot, llama.cpp's iSWA cache)")
+    p.add_argument("-fit", "--fit", action=_EnvDefault, env="LLAMA_ARG_FIT", type=str.lower, choices=_ON + _OFF,
+                   default="on", metavar="on|off",
+                   help="with -c 0, shrink the context until weights and KV cache leave --fit-target MiB "
+                        "of the host's memory free (on the CPU; the log says what was chosen)")
+    p.add_argument("-fitt", "--fit-target", action=_EnvDefault, env="LLAMA_ARG_FIT_TARGET", type=int,
+                   default=1024, metavar="MiB", help="memory --fit leaves free, in MiB")
+    p.add_argument("-fitc", "--fit-ctx", action=_EnvDefault, env="LLAMA_ARG_FIT_CTX", type=int, default=4096,
+                   metavar="N", help="the least context per slot --fit may leave")
+
+
+def memory_settings(args) -> dict:
+    """EngineConfig fields of these flags; a bad value ends the program naming its flag."""
+    if args.fit_target < 0:
+        raise SystemExit("ggserve serve: --fit-target must be >= 0 (MiB)")
+    if args.fit_ctx < 1:
+        raise SystemExit("ggserve serve: --fit-ctx must be >= 1")
+    return {"swa_full": bool(args.swa_full), "fit": args.fit in _ON, "fit_target_mb": args.fit_target,
+            "fit_ctx": args.fit_ctx}
