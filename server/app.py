@@ -37,7 +37,7 @@ from ggserve.server.api.llama.rerank import rerank
 from ggserve.server.api.llama.slots import SlotsAPI
 from ggserve.server.api.media import MediaConfig
 from ggserve.server.api.request_limits import RequestLimits
-from ggserve.server.api.openai import responses as responses_api
+from ggserve.server.api.openai import responses as responses_api, transcriptions
 from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
 from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
 from ggserve.server.api.openapi import openapi
@@ -156,6 +156,7 @@ def _routes(api: API, route: Router, sessions: StreamSessions) -> list[Route]:
     routes += [route("/slots", slots.list, ["GET"], "slots"),
                route("/slots/{id_slot}", slots.action, ["POST"], "slots_action")]
     routes += responses_api.routes(api, route)       # /v1/responses
+    routes += transcriptions.routes(api, route)      # /v1/audio/transcriptions
     routes += anthropic_api.routes(api, route)       # /v1/messages
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
     routes += stream_resume.routes(sessions, route)           # /v1/stream, /v1/streams/lookup

@@ -63,7 +63,7 @@ def engine(family: str, **kw):
 def first_near_tie(case: dict) -> int:
     """The first step where llama.cpp's top-2 gap is below NEAR_TIE (len(steps) if none)."""
     for i, s in enumerate(case["steps"]):
-        top = sorted((t["logprob"] for t in s["top_logprobs"]), reverse=True)
+        top = sorted((t["logprob"] for t in s.get("top_logprobs", ())), reverse=True)     # none: no probs given
         if len(top) > 1 and top[0] - top[1] < NEAR_TIE:
             return i
     return len(case["steps"])

@@ -23,7 +23,7 @@ def engines():
 
 
 def _steps(case):
-    return [dict(s, top_logprobs=[(t["id"], t["logprob"]) for t in s["top_logprobs"]]) for s in case["steps"]]
+    return [dict(s, top_logprobs=[(t["id"], t["logprob"]) for t in s.get("top_logprobs", ())]) for s in case["steps"]]
 
 
 def check_case(engine, case):

@@ -75,6 +75,8 @@ def _request(srv, path, method, op):
 def test_every_documented_operation_answers_its_example(srv, doc):
     checked = 0
     for path, method, op in operations(doc):
+        if "x-ggserve-requires" in op:   # not loaded here (an audio mmproj): tests/test_server_audio.py
+            continue
         r = _request(srv, path, method, op)
         assert r.status_code < 400, (method, path, r.status_code, r.text[:300])
         if "200" not in op["responses"]:

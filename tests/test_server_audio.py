@@ -5,6 +5,7 @@ requests, and every bad input as a 400 naming the reason."""
 import base64
 
 import httpx
+import jsonschema
 import openai
 import pytest
 import synth_audio as SA
@@ -120,3 +121,76 @@ def test_audio_to_a_server_without_an_audio_encoder_is_a_400(smollm2_path):
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "audio_not_supported"
         assert "does not support audio" in r.json()["error"]["message"]
+
+
+# /v1/audio/transcriptions --------------------------------------------------------------
+
+def transcribe(client, server, fmt: str, **kw):
+    return client.audio.transcriptions.create(
+        model="synth", file=("speech_espeak_22k_mono.wav", SA.clip_bytes("speech_espeak_22k_mono.wav"), "audio/wav"),
+        response_format=fmt, temperature=0, extra_body={"max_tokens": 16}, **kw)
+
+
+def test_transcription_json_answers_as_llama_server(client, server):
+    gold = SA.config("ultravox")["transcription"]["response"]
+    got = transcribe(client, server, "json")
+    assert got.text == gold["text"]
+    assert got.usage.input_tokens == gold["usage"]["input_tokens"]
+    assert got.usage.output_tokens == gold["usage"]["output_tokens"]
+
+
+def test_transcription_text_is_the_plain_text(client, server):
+    gold = SA.config("ultravox")["transcription"]["response"]["text"]
+    assert transcribe(client, server, "text") == gold
+
+
+def test_transcription_verbose_json_has_one_segment_over_the_clip(client, server):
+    gold = SA.config("ultravox")["transcription"]["response"]["text"]
+    got = transcribe(client, server, "verbose_json", language="en")
+    assert (got.language, got.duration) == ("en", 6.131)     # 98092 samples at 16 kHz
+    assert len(got.segments) == 1 and (got.segments[0].start, got.segments[0].end) == (0.0, 6.131)
+    assert got.segments[0].text == got.text != gold     # the language is in the prompt: another answer
+
+
+@pytest.mark.parametrize("fmt, first_line", [("srt", "1"), ("vtt", "WEBVTT")])
+def test_transcription_subtitles_span_the_clip(client, server, fmt, first_line):
+    gold = SA.config("ultravox")["transcription"]["response"]["text"]
+    sep = "," if fmt == "srt" else "."
+    lines = transcribe(client, server, fmt).split("\n")
+    assert lines[0] == first_line
+    assert f"00:00:00{sep}000 --> 00:00:06{sep}131" in lines
+    assert gold.strip() in lines
+
+
+def test_transcription_streams_deltas_then_the_text(client, server):
+    gold = SA.config("ultravox")["transcription"]["response"]["text"]
+    events = list(transcribe(client, server, "json", stream=True))
+    assert [e.type for e in events[:-1]] == ["transcript.text.delta"] * (len(events) - 1)
+    assert "".join(e.delta for e in events[:-1]) == gold
+    assert events[-1].type == "transcript.text.done" and events[-1].text == gold
+
+
+@pytest.mark.parametrize("form, status, reason", [
+    ({"model": "synth"}, 400, "No input file"),
+    ({"model": "synth", "response_format": "xml"}, 400, "response_format"),
+])
+def test_bad_transcription_forms_are_400s(server, form, status, reason):
+    files = {"file": ("a.wav", SA.clip_bytes("tone_16k_mono_1s.wav"), "audio/wav")} if "xml" in str(form) else None
+    r = httpx.post(server.url + "/v1/audio/transcriptions", data=form, files=files, timeout=60)
+    assert r.status_code == status and reason in r.json()["error"]["message"]
+
+
+def test_transcription_of_a_non_audio_file_is_a_400(server):
+    r = httpx.post(server.url + "/audio/transcriptions", data={"model": "synth"}, timeout=60,
+                   files={"file": ("a.png", b"\x89PNG\r\n\x1a\n" + bytes(64), "image/png")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+
+
+def test_transcription_answers_as_its_openapi_operation_documents(server):
+    op = httpx.get(server.url + "/openapi.json").json()["paths"]["/v1/audio/transcriptions"]["post"]
+    form = op["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["required"] == ["file"]
+    r = httpx.post(server.url + "/v1/audio/transcriptions", data={"model": "synth", "max_tokens": "2"}, timeout=120,
+                   files={"file": ("a.flac", SA.clip_bytes("chord_32k_stereo_2s.flac"), "audio/flac")})
+    assert r.status_code == 200
+    jsonschema.Draft202012Validator(op["responses"]["200"]["content"]["application/json"]["schema"]).validate(r.json())

@@ -170,7 +170,18 @@ _OPS = [
     (("/cors-proxy",), "post", "The answer of `url` to this body (needs --ui-mcp-proxy, else 403)", None, {},
      ("application/json", OBJ), (403, 500), [("url", "query", "http://127.0.0.1:8080/props")], "Error"),
     (("/openapi.json",), "get", "This document", None, None, ("application/json", OBJ), (), [], "Error"),
+    (("/v1/audio/transcriptions", "/audio/transcriptions"), "post",
+     "OpenAI's transcription (multipart form; needs an --mmproj with an audio encoder): `json` (llama-server's "
+     "shape), `text`, `verbose_json`, `srt`, `vtt`; `stream` answers transcript.text.* events", None, None,
+     ("application/json", _obj(["text"], text=_STR, usage=OBJ)), (400, 503), [], "Error"),
 ]
+
+# multipart bodies (the table above documents JSON ones); x-ggserve-requires: what the server must load
+_FORMS = {"/v1/audio/transcriptions": ("an --mmproj with an audio encoder", _obj(
+    ["file"], file={"type": "string", "contentMediaType": "application/octet-stream"}, model=_STR, language=_STR,
+    prompt=_STR, response_format={"enum": ["json", "text", "verbose_json", "srt", "vtt"]}, temperature=_STR,
+    max_tokens=_STR, stream=_STR))}
+_FORMS["/audio/transcriptions"] = _FORMS["/v1/audio/transcriptions"]
 
 
 def _op_id(method: str, path: str) -> str:
@@ -200,6 +211,9 @@ def document() -> dict:
                 if body is not None:
                     content["schema"] = _ref(body)
                 op["requestBody"] = {"required": body is not None, "content": {"application/json": content}}
+            if path in _FORMS:
+                op["x-ggserve-requires"] = _FORMS[path][0]
+                op["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": _FORMS[path][1]}}}
             paths.setdefault(path, {})[method] = op
     responses = {f"{err}{status}": {"description": f"HTTP {status}",
                                     "content": {"application/json": {"schema": _ref(err)}}}
