@@ -26,6 +26,7 @@ from ggserve.server.cli.llama_flags import (
 )
 from ggserve.server.cli.log_flags import setup_logging
 from ggserve.server.cli.memory_flags import add_memory_flags, memory_settings
+from ggserve.server.cli.router_flags import add_router_flags, is_router, serve_router
 from ggserve.server.cli.serve_flags import (
     add_batching_flags,
     add_chat_template_flags,
@@ -55,6 +56,7 @@ def serve_parser() -> argparse.ArgumentParser:
                     "after it; the command line wins.")
     # --help lists the flags in the order they are added
     add_model_flags(p)
+    add_router_flags(p)
     add_image_input_flags(p)
     add_context_flags(p)
     add_memory_flags(p)
@@ -217,8 +219,11 @@ def _media_config(args):
 
 
 def serve(argv: list[str]) -> int:
-    args = serve_parser().parse_args(llama_argv(argv))
+    parser = serve_parser()
+    args = parser.parse_args(llama_argv(argv))
     log_kw = setup_logging(args)
+    if is_router(args):               # --models-dir / --models-preset without -m: many models
+        return serve_router(args, llama_argv(argv), parser, log_kw)
     cfg = config_from_args(args)
     if cfg.rpc:
         from ggserve.native import ggml
