@@ -36,6 +36,7 @@ from ggserve.server.api.llama.infill import infill
 from ggserve.server.api.llama.rerank import rerank
 from ggserve.server.api.llama.slots import SlotsAPI
 from ggserve.server.api.media import MediaConfig
+from ggserve.server.api.ollama import info as ollama_api
 from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.api.openai import responses as responses_api, transcriptions
 from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
@@ -158,6 +159,7 @@ def _routes(api: API, route: Router, sessions: StreamSessions) -> list[Route]:
     routes += responses_api.routes(api, route)       # /v1/responses
     routes += transcriptions.routes(api, route)      # /v1/audio/transcriptions
     routes += anthropic_api.routes(api, route)       # /v1/messages
+    routes += ollama_api.routes(api, route)          # Ollama's /api/...
     routes += chat_page.routes(api, route, page=cfg.webui)  # /props, and the chat page at /
     routes += stream_resume.routes(sessions, route)           # /v1/stream, /v1/streams/lookup
     routes += gcp_api.routes(routes, route, api.health)      # /predict, with AIP_MODE=PREDICTION

@@ -27,11 +27,9 @@ def models_dir(tmp, smollm2_path: str, gemma3_path: str, broken: bool = True) ->
     return str(d)
 
 
-def router(path: str, models_max: int, **cfg) -> RunningServer:
-    registry = Registry(scan_models_dir(path), CHILD_ARGS, models_max)
-    extra = cfg.pop("extra_routes", ())
-    app = create_router_app(RouterConfig(models_max=models_max, **cfg), registry,
-                            lambda: scan_models_dir(path), extra)
+def router(path: str, models_max: int, child_args: tuple = (), **cfg) -> RunningServer:
+    registry = Registry(scan_models_dir(path), CHILD_ARGS + list(child_args), models_max)
+    app = create_router_app(RouterConfig(models_max=models_max, **cfg), registry, lambda: scan_models_dir(path))
     return RunningServer(app)
 
 

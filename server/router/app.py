@@ -19,6 +19,7 @@ from ggserve.server.api.errors import APIError, exception_handlers
 from ggserve.server.api.limits import key_matches
 from ggserve.server.api.owners import presented_key
 from ggserve.server.router.child import LoadFailed
+from ggserve.server.router.ollama import ollama_routes
 from ggserve.server.router.proxy import Proxy
 from ggserve.server.router.registry import FAKE_DELAY, Model, Registry
 
@@ -72,8 +73,9 @@ class RouterAPI:
         return raw, parsed if isinstance(parsed, dict) else {}
 
     async def serve_with(self, request: Request, model: Model, raw: bytes, autoload: bool,
-                         path: str | None = None) -> Response:
-        """Pass the request to the model's child, loading it first if it may."""
+                         path: str | None = None, keep_alive: float | None = None) -> Response:
+        """Pass the request to the model's child, loading it first if it may; once answered, the
+        model stays loaded for keep_alive seconds (None: until evicted or unloaded)."""
         if not autoload and model.status != "loaded":
             raise APIError(400, "model is not loaded")
         try:
@@ -89,7 +91,11 @@ class RouterAPI:
         except BaseException:
             self.registry.release(model)
             raise
-        return await self.proxy.forward(request, child.url, raw, lambda: self.registry.release(model), path)
+
+        def done():
+            self.registry.keep_alive(model, keep_alive)
+            self.registry.release(model)
+        return await self.proxy.forward(request, child.url, raw, done, path)
 
     # -- endpoints ---------------------------------------------------------------------
 
@@ -168,12 +174,11 @@ def router_routes(api: RouterAPI) -> list[Route]:
     return routes
 
 
-def create_router_app(cfg: RouterConfig, registry: Registry, reload_specs=None, extra_routes=()) -> Starlette:
-    """The router app; extra_routes(api) -> routes it answers itself (Ollama's /api/...)."""
+def create_router_app(cfg: RouterConfig, registry: Registry, reload_specs=None) -> Starlette:
+    """The router app: its own endpoints, Ollama's (server/router/ollama.py), the rest passed on."""
     api = RouterAPI(cfg, registry, reload_specs)
     routes = router_routes(api)
-    for make in extra_routes:
-        routes += make(api)
+    routes += [Route(p, guarded(api, fn), methods=m) for p, fn, m in ollama_routes(api)]
     routes.append(Route("/{path:path}", guarded(api, api.forward),
                         methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]))
 
