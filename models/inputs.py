@@ -24,13 +24,20 @@ class ForwardInputs:
     # want only their hidden state (embeddings); None: every output row's
     logit_rows: object | None = None
     hidden: object | None = None    # set by head(): f32 [n_embd, n_outputs], the final norm's output
+    # LoRA adapters of the batch's rows: adapters.add(g, inputs, w, x, w @ x) adds their
+    # products to a weight's (server/engine/adapter_step.py); None: no row uses one
+    adapters: object | None = None
+    control: dict | None = None     # layer -> f32 [n_embd] control vector added to its output
 
     def mm(self, g, w, x):
-        """w @ x for a weight matrix; rows planned when w's kernel depends on the call."""
+        """w @ x for a weight matrix (plus the rows' LoRA adapters of w); rows planned when
+        w's kernel depends on the call."""
         kind = self.kernel_of.get(w) if self.kernel_of else None
         if kind is None or self.plans is None:
-            return g.mul_mat(w, x)
-        return self.plans[kind].apply(g, w, x, x.ne[1] == self.n_tokens)
+            y = g.mul_mat(w, x)
+        else:
+            y = self.plans[kind].apply(g, w, x, x.ne[1] == self.n_tokens)
+        return y if self.adapters is None else self.adapters.add(g, self, w, x, y)
 
     def head(self, g, output, x):
         """Logits [n_vocab, n_logit_rows] of the final hidden state x [n_embd, n_outputs]

@@ -33,17 +33,18 @@ from ggserve.server.api.cors import CORS
 from ggserve.server.api.errors import exception_handlers
 from ggserve.server.api.llama import chat_page, completion as native_api, cors_proxy, tools as tools_api
 from ggserve.server.api.llama.infill import infill
+from ggserve.server.api.llama.lora import routes as lora_routes
 from ggserve.server.api.llama.rerank import rerank
 from ggserve.server.api.llama.slots import SlotsAPI
 from ggserve.server.api.media import MediaConfig
 from ggserve.server.api.ollama import info as ollama_api
-from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.api.openai import responses as responses_api, transcriptions
 from ggserve.server.api.openai.embeddings import embeddings_native, embeddings_oai
 from ggserve.server.api.openai.generation import apply_template, chat, chat_input_tokens, completions
 from ggserve.server.api.openapi import openapi
 from ggserve.server.api.owners import owner
 from ggserve.server.api.prefix import ApiPrefix
+from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.api.routing import Router
 from ggserve.server.api.stream_resume import StreamResume, StreamSessions
 from ggserve.server.api.vertex import predict as gcp_api
@@ -156,6 +157,7 @@ def _routes(api: API, route: Router, sessions: StreamSessions) -> list[Route]:
     slots = SlotsAPI(api, cfg.slots_endpoint, cfg.slot_save_path)
     routes += [route("/slots", slots.list, ["GET"], "slots"),
                route("/slots/{id_slot}", slots.action, ["POST"], "slots_action")]
+    routes += lora_routes(api, route)                # /lora-adapters
     routes += responses_api.routes(api, route)       # /v1/responses
     routes += transcriptions.routes(api, route)      # /v1/audio/transcriptions
     routes += anthropic_api.routes(api, route)       # /v1/messages

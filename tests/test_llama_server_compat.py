@@ -240,8 +240,7 @@ def test_reasoning_flag_sets_enable_thinking(smollm2_path, value, kwargs):
     assert cfg.chat_template_kwargs == kwargs
 
 
-@pytest.mark.parametrize("argv,name", [(["--lora", "x.gguf"], "--lora"), (["--media-path", "x"], "--media-path"),
-                                       (["--grp-attn-n", "4"], "--grp-attn-n")])
+@pytest.mark.parametrize("argv,name", [(["--media-path", "x"], "--media-path"), (["--grp-attn-n", "4"], "--grp-attn-n")])
 def test_unsupported_llama_flags_are_refused_by_name(argv, name, capsys):
     with pytest.raises(SystemExit):
         serve_parser().parse_args(argv)

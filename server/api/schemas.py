@@ -89,6 +89,7 @@ class _Sampling(_Model):
     # vLLM's: cached prefixes are shared only among requests with the same salt (server/api/owners.py)
     cache_salt: Optional[str] = None
     id_slot: int = -1
+    lora: Any = None                    # llama-server's [{id, scale}]: this request's LoRA adapters (api/llama/lora.py)
     n_probs: Optional[int] = Field(None, ge=0, le=20)
     samplers: Optional[list[str]] = None
     dry_multiplier: float = 0.0

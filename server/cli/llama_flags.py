@@ -28,7 +28,7 @@ _ON, _OFF, _AUTO = ("on", "enabled", "true", "1"), ("off", "disabled", "false", 
 
 # llama-server flags for what ggserve does not do: refused by name (not "unrecognized arguments")
 _REFUSED = {"--media-path": (1, "file:// media are not read"),
-            "--lora": (1, "LoRA adapters are not supported"), "--grp-attn-n": (1, "self-extend is not supported"),
+            "--grp-attn-n": (1, "self-extend is not supported"),
             "--grp-attn-w": (1, "self-extend is not supported")}
 
 

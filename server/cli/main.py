@@ -12,6 +12,8 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
+from ggserve.server.api.request_limits import RequestLimits
+from ggserve.server.cli.adapter_flags import adapter_config, add_adapter_flags
 from ggserve.server.cli.agent_flags import add_agent_flags, agent_settings, cors_origins
 from ggserve.server.cli.llama_flags import (
     FlagParser,
@@ -43,7 +45,6 @@ from ggserve.server.cli.serve_flags import (
     add_spec_flags,
     add_verbose_flag,
 )
-from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.default_model import default_model
 from ggserve.server.engine.speculative.speculator import SpecConfig
 
@@ -66,6 +67,7 @@ def serve_parser() -> argparse.ArgumentParser:
     add_compute_flags(p)
     add_offload_flags(p)
     add_spec_flags(p)
+    add_adapter_flags(p)
     add_listen_flags(p)
     add_chat_template_flags(p)
     add_embedding_flags(p)
@@ -179,7 +181,7 @@ def _engine_settings(args, model: str, rpc: tuple, split: tuple) -> dict:
         "mmproj": args.mmproj, "image_cache_mb": args.image_cache_mb, "max_stall_ms": args.max_stall_ms,
         "kernel_parity": not args.no_kernel_parity,
         "slot_prompt_similarity": args.slot_prompt_similarity, "cache_ram_mb": args.cache_ram,
-        "spec": SpecConfig.from_args(args)}
+        "spec": SpecConfig.from_args(args), "adapters": adapter_config(args)}
 
 
 def _http_settings(args) -> dict:

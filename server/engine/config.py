@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ggserve.server.engine.adapters import AdapterConfig
     from ggserve.server.engine.speculative.speculator import SpecConfig
 
 
@@ -43,6 +44,7 @@ class EngineConfig:
     fit: bool = False                         # --fit: an unset context shrinks to leave fit_target_mb free
     fit_target_mb: int = 1024                 # --fit-target
     fit_ctx: int = 4096                       # --fit-ctx: the least context per slot --fit leaves
+    adapters: AdapterConfig | None = None     # --lora, --control-vector and their kin (None: none)
 
     def template_source(self) -> str | None:
         """The chat template's text that replaces the GGUF's, if a flag names one."""

@@ -60,7 +60,7 @@ class Engine:
         self.loaded = LoadedModel(cfg.model, n_threads=cfg.n_threads, n_gpu_layers=cfg.n_gpu_layers,
                                   n_parallel=n_parallel, chat_template=cfg.template_source(), mmproj=cfg.mmproj,
                                   rpc=cfg.rpc, tensor_split=cfg.tensor_split, use_mmap=cfg.use_mmap,
-                                  mlock=cfg.mlock, cpu_kernels=cfg.cpu_kernels)
+                                  mlock=cfg.mlock, cpu_kernels=cfg.cpu_kernels, adapters=cfg.adapters)
         lm = self.loaded
         self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
         specs = sizing.layer_specs(lm.model, lm.device_of_layer, cfg.swa_full)
@@ -86,7 +86,7 @@ class Engine:
         ram = cfg.cache_ram_mb
         self.slots = PrefixCache(n_parallel, self.memory, cfg.slot_prompt_similarity,
                                  HostCache(ram * 2**20 if ram > 0 else 2**62) if ram else None)
-        self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos)
+        self.runner = GraphRunner(self.backend, self.model, self.memory, self.parity, self.n_pos, lm.adapters)
         # embeddings (--embeddings): the pooling, the GGUF's unless given (server/engine/pooling.py)
         self.pooling = (cfg.pooling or from_gguf(lm.gguf.metadata)) if cfg.embeddings else None
         if self.pooling == "rank" and any(n.startswith("cls") for n in lm.gguf.tensors):

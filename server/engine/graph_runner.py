@@ -8,6 +8,7 @@ import numpy as np
 
 from ggserve.models.inputs import ForwardInputs
 from ggserve.native import ggml
+from ggserve.server.engine import adapter_step
 from ggserve.server.engine.batch import Batch
 from ggserve.server.engine.kernel_parity import KernelParity
 from ggserve.server.engine.memory.model_memory import Memory
@@ -27,12 +28,13 @@ class BuiltGraph:
 
 
 class GraphRunner:
-    def __init__(self, backend, model, memory: Memory, parity: KernelParity, n_pos: int):
+    def __init__(self, backend, model, memory: Memory, parity: KernelParity, n_pos: int, adapters=None):
         self.backend = backend
         self.model = model
         self.memory = memory
         self.parity = parity
         self.n_pos = n_pos
+        self.adapters = adapters    # server/engine/adapters.py (LoRA, control vectors), or None
         self.full_threads = backend.n_threads
         self._graph: BuiltGraph | None = None
         self.graph_builds = 0
@@ -61,6 +63,7 @@ class GraphRunner:
             inp = ForwardInputs(tokens, pos, out_ids, st, n_batch)
             if all_rows:
                 inp.logit_rows = g.input("logit_rows", ggml.I32, (n_logits,))
+            self._add_adapters(g, inp, tuple(range(len(self.adapters.loras))) if self.adapters else (), n_batch)
             if self.memory.recurrent is not None:
                 k = min(n_batch, n_seqs)      # k sequences: k - 1 decodes and one prompt chunk
                 inp.recurrent = self.memory.recurrent.step(g, np.arange(k))
@@ -107,6 +110,8 @@ class GraphRunner:
             values.update(self.model.step_values(batch.positions))
         for plan in plans:
             values.update(plan.values())
+        active, lora_values = adapter_step.step_values(self.adapters, batch.chunks, n)
+        values.update(lora_values)
         if n_tok:
             values["tokens"] = batch.tokens[is_token].astype(np.int32)
         if not all_out:
@@ -126,7 +131,7 @@ class GraphRunner:
             values.update(self.memory.recurrent.step_values(np.asarray(seqs, dtype=np.int64)))
         # the graph is a function of these; the values above are its inputs
         key = (n, n_tok, all_out or n_out, n_logit_rows, tuple(calls), tuple(ring_calls), tuple(p.key for p in plans),
-               tuple(r[1] for r in seq_rows))
+               tuple(r[1] for r in seq_rows), active)
         built = self._graph
         if blocks or built is None or built.key != key or not self.backend.holds(built.graph):
             if built is not None:
@@ -149,6 +154,14 @@ class GraphRunner:
                 built.graph.close()
                 self._graph = None
         return out.reshape(-1, self.model.n_vocab)[:n_logits]
+
+    def _add_adapters(self, g, inp, active: tuple, n: int) -> None:
+        """The LoRA adapters the rows use (`active`) and the control vectors, on inp."""
+        if self.adapters is None:
+            return
+        inp.control = self.adapters.control or None
+        if active:
+            inp.adapters = adapter_step.AdapterGraph(g, self.adapters, active, n)
 
     def close(self) -> None:
         if self._graph is not None:
@@ -202,6 +215,7 @@ class GraphRunner:
                     inp.order = g.input("row_order", ggml.I32, (n,))
             if n_logit_rows is not None:
                 inp.logit_rows = g.input("logit_rows", ggml.I32, (n_logit_rows,))
+            self._add_adapters(g, inp, key[-1], n)
             logits = g.output(self.model.forward(g, inp))
             hidden = g.output(inp.hidden) if n_logit_rows is not None else None
         except BaseException:

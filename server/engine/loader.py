@@ -15,6 +15,7 @@ from ggserve.models.tokenizer import Tokenizer
 from ggserve.models.weights import matmul_weight_names
 from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
+from ggserve.server.engine.adapters import AdapterConfig, load_adapters
 from ggserve.server.engine.cpu_topology import default_threads
 from ggserve.server.engine.images.media import MediaModels
 from ggserve.server.engine.kernel_parity import SGEMM_TYPES, TILED_TYPES
@@ -58,7 +59,8 @@ class LoadedModel:
     def __init__(self, model_path: str, *, n_threads: int = 0, n_gpu_layers: int = 0, n_parallel: int = 1,
                  chat_template: str | None = None, mmproj: str | None = None,
                  rpc: tuple[str, ...] = (), tensor_split: tuple[float, ...] = (),
-                 use_mmap: bool = True, mlock: bool = False, cpu_kernels: bool = True):
+                 use_mmap: bool = True, mlock: bool = False, cpu_kernels: bool = True,
+                 adapters: AdapterConfig | None = None):
         self.path = os.fspath(model_path)
         self.gguf = GGUFFile(self.path)
         meta = self.gguf.metadata
@@ -93,6 +95,9 @@ class LoadedModel:
             tensors.update(buf.tensors)
         self.kernel_of = self._kernel_kinds(matmul_names)
         self.model = cls(meta, tensors, self.path)
+        # LoRA adapters and control vectors (--lora, --control-vector): checked against the weights
+        self.adapters = load_adapters(adapters, self.backend, self.weights, arch, self.model.n_embd, n_layer)
+        self.kernel_of.update(self.adapters.kernel_kinds())
         # the mmproj's encoders on a backend of their own: chunks encode on a worker thread beside
         # text steps; an image row carries what the text model's input rows hold (Qwen3-VL: the
         # embedding plus one slice per deepstack layer)
@@ -206,6 +211,7 @@ class LoadedModel:
     def close(self) -> None:
         if self.media is not None:
             self.media.close()
+        self.adapters.close()
         for b in self.weights.values():
             b.close()
         self.weights = {}

@@ -31,6 +31,13 @@ class Request:
     # cached prefixes are shared only among requests with the same salt (vLLM's cache_salt; the API
     # folds in the client's API key with --cache-isolation key): slots, running prompts, host cache, slot files
     cache_salt: str = ""
+    # LoRA adapters: (id, scale) pairs, scales non-zero, ids ascending (server/engine/adapter_step.py).
+    # A prefix computed under one set is never reused under another: the cache salt folds them in.
+    adapters: tuple = ()
+
+    def __post_init__(self):
+        if self.adapters:
+            self.cache_salt = f"{self.cache_salt}\x00lora {self.adapters}"
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any, Callable
 def engine_requests(make_request: Callable[..., Any], prompts: list, choices: list, params: list, *,
                     max_tokens: int | None, n_ctx: int, context_shift: bool, ignore_eos: bool,
                     id_slot: int = -1, **flags) -> list:
-    """flags (embed, progress, n_keep, cache_salt) go to every request where set;
+    """flags (embed, progress, n_keep, cache_salt, adapters) go to every request where set;
     id_slot to the first only (llama-server's children take any slot)."""
     requests = []
     for p, c, prm in zip(prompts, choices, params):

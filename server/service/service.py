@@ -168,14 +168,16 @@ class Service:
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
                      output: Callable[[], Any] | None = None, show_tokens=frozenset(), embed: bool = False,
-                     id_slot: int = -1, progress: bool = False, n_keep: int = 0, cache_salt: str = "") -> Job:
+                     id_slot: int = -1, progress: bool = False, n_keep: int = 0, cache_salt: str = "",
+                     adapters: tuple = ()) -> Job:
         """Queue one engine request per prompt (with its SamplingParams); returns the
         Job once the engine took them all (or raises: context length, bad request,
         queue full). output() makes each choice's ChatOutput (reasoning and tool
         calls); show_tokens: control tokens whose text the output keeps (their markers);
         id_slot: the slot the first prompt takes when it is free (llama-server's children take any);
         progress: report prompt processing (Delta.progress); n_keep: what a context shift keeps;
-        cache_salt: only requests of the same salt share cached prefixes (Request.cache_salt)."""
+        cache_salt: only requests of the same salt share cached prefixes (Request.cache_salt);
+        adapters: the LoRA adapters' (id, scale) pairs (Request.adapters)."""
         self._check_usable()
         if max_tokens is None and not embed:
             max_tokens = self.default_max_tokens          # -n (-1: until the context)
@@ -196,7 +198,7 @@ class Service:
         job.requests = engine_requests(
             self._make_request, prompts, job.choices, params, max_tokens=max_tokens, n_ctx=self.engine.n_ctx,
             context_shift=getattr(self.engine, "context_shift", False), ignore_eos=ignore_eos, id_slot=id_slot,
-            embed=embed, progress=progress, n_keep=n_keep, cache_salt=cache_salt)
+            embed=embed, progress=progress, n_keep=n_keep, cache_salt=cache_salt, adapters=adapters)
         fut = asyncio.get_running_loop().create_future()
         self._adds.append((job, fut))
         self._wake.set()

@@ -17,6 +17,7 @@ from ggserve.server.api import schemas as S
 from ggserve.server.api.common import API
 from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
+from ggserve.server.api.llama.lora import request_adapters
 from ggserve.server.api.openai.generation import completion_sampling
 from ggserve.server.chat.prompts import Prompt
 from ggserve.server.service.jobs import Delta, Job
@@ -174,7 +175,8 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
                                    n_keep=api.n_keep(req),
                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
-                                   progress=req.stream and req.return_progress, cache_salt=salt)
+                                   progress=req.stream and req.return_progress, cache_salt=salt,
+                                   adapters=request_adapters(api, req))
     return job, params
 
 

@@ -12,6 +12,7 @@ from ggserve.server.api.common import API
 from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.limits import check_messages
+from ggserve.server.api.llama.lora import request_adapters
 from ggserve.server.api.media_parts import load_media
 from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar_async, completion_options
 from ggserve.server.chat.output import Format, shown_tokens
@@ -177,6 +178,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest, *, salt: str) -> J
                                     ignore_eos=req.ignore_eos, stops=req.stop,
                                     output=opts.output(prompt.text, prefill(req)), id_slot=req.id_slot,
                                     progress=req.stream and req.return_progress, cache_salt=salt,
+                                    adapters=request_adapters(api, req),
                                     show_tokens=shown_tokens(api.engine.tokenizer, fmt, tools=opts.fmt is not None))
 
 
@@ -310,7 +312,8 @@ async def completions(api: API, request: Request) -> Response:
     per_choice = [p for p in prompts for _ in range(req.n)]
     job = await api.service.submit([Prompt(p) for p in per_choice], params * len(prompts), req.limit,
                                     ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
-                                    n_keep=api.n_keep(req), cache_salt=api.cache_salt(request, req))
+                                    n_keep=api.n_keep(req), cache_salt=api.cache_salt(request, req),
+                                    adapters=request_adapters(api, req))
     head = new_head("cmpl", api)
     echo = echoes(api, req, per_choice)
     if not req.stream:
