@@ -55,9 +55,9 @@ def engine(family: str, **kw):
     """An engine on the family's mmproj, set up as llama-server ran it (-c 4096 -np 1 -t 2)."""
     from ggserve.server.engine.engine import Engine, EngineConfig
 
-    args = dict(n_ctx=4096, n_batch=2048, n_parallel=1, n_threads=2)
+    args = dict(n_ctx=4096, n_batch=2048, n_parallel=1, n_threads=2, mmproj=mmproj(family))
     args.update(kw)
-    return Engine(EngineConfig(str(TEXT_MODEL), mmproj=mmproj(family), **args))
+    return Engine(EngineConfig(str(TEXT_MODEL), **args))
 
 
 def first_near_tie(case: dict) -> int:

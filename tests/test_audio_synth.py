@@ -69,3 +69,20 @@ def test_every_clip_gives_llama_cpps_prompt_and_chunks(engines, family):
         assert len(prompt) == case["prompt_tokens"], case["audio"]
         assert [s.n for s in spans] == [c["n_tokens"] for c in case["media_chunks_from_server_log"]], case["audio"]
         assert sum(s.tile.__class__.__name__ == "AudioChunk" for s in spans) == case["n_audio_chunks"]
+
+
+@pytest.mark.parametrize("name, rows", [("ultravox_stack8", 188), ("voxtral_stack4", 188)])
+def test_real_stack_factors_serve_the_rows_the_graph_makes(name, rows):
+    """llama.cpp 11434 counts 187 rows per chunk for these files, builds 188 and aborts
+    (the golden's expected_failure); the token count here is the graph's."""
+    assert "expected output 187 tokens, got 188" in "\n".join(SA.DOC["configs"][f"synth_audio_{name}"]["server_log_tail"])
+    e = SA.engine("ultravox", mmproj=str(SA.SYNTH / "mmproj" / f"mmproj-synth-{name}-f16.gguf"))
+    try:
+        case = SA.case("ultravox", "tone_16k_mono_1s.wav")
+        prompt, spans = build_prompt(e, case["apply_template_prompt"], SA.media(case))
+        assert [s.n for s in spans] == [rows]
+        events = generate_requests(e, [Request("r", prompt, GREEDY, max_tokens=2, ignore_eos=True, images=spans)])["r"]
+        assert len(tokens(events)) == 2
+        assert e.images.get(spans[0].key)["embd"].ne[:2] == (64, rows)
+    finally:
+        e.close()
