@@ -73,6 +73,7 @@ def router_catalog(args, table):
 def serve_router(args, argv: list[str], parser, log_kw: dict) -> int:
     import uvicorn
 
+    from ggserve.server.cli.agent_flags import agent_settings, cors_origins
     from ggserve.server.cli.llama_flags import api_keys
     from ggserve.server.router.app import RouterConfig, create_router_app
     from ggserve.server.router.presets import PresetError, flag_table
@@ -87,7 +88,7 @@ def serve_router(args, argv: list[str], parser, log_kw: dict) -> int:
         raise SystemExit(f"ggserve serve: {e}")
     cfg = RouterConfig(models_max=args.models_max or sys.maxsize, autoload=args.models_autoload,
                        api_keys=api_keys(args),
-                       cors_origins=[o.strip() for o in (args.cors_origins or "").split(",") if o.strip()],
+                       cors_origins=cors_origins(args, agent_settings(args)),   # as a single model's server
                        max_body_bytes=int(args.max_body_mb * 2**20))
     app = create_router_app(cfg, Registry(first, child_argv(argv), cfg.models_max), specs)
     if not args.log_disable:
