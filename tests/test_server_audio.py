@@ -32,7 +32,8 @@ def golden_messages(case: dict) -> list:
     for p in case["request"]["messages"][0]["content"]:
         if p["type"] == "input_audio":
             name = p["input_audio"]["data"].split(" ")[2]
-            parts.append({"type": "input_audio", "input_audio": {"data": b64(name), "format": p["input_audio"]["format"]}})
+            fmt = p["input_audio"]["format"]
+            parts.append({"type": "input_audio", "input_audio": {"data": b64(name), "format": fmt}})
         else:
             parts.append(p)
     return [{"role": "user", "content": parts}]
@@ -194,3 +195,14 @@ def test_transcription_answers_as_its_openapi_operation_documents(server):
                    files={"file": ("a.flac", SA.clip_bytes("chord_32k_stereo_2s.flac"), "audio/flac")})
     assert r.status_code == 200
     jsonschema.Draft202012Validator(op["responses"]["200"]["content"]["application/json"]["schema"]).validate(r.json())
+
+
+def test_responses_api_takes_input_audio_as_chat_does(client, server):
+    msgs = [{"role": "user", "content": [audio_part("tone_16k_mono_1s.wav"), {"type": "text", "text": "Hear?"}]}]
+    chat = client.chat.completions.create(model=server.model, messages=msgs, max_tokens=4, temperature=0)
+    clip = audio_part("tone_16k_mono_1s.wav")["input_audio"]
+    got = client.responses.create(model=server.model, max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": clip},
+                                     {"type": "input_text", "text": "Hear?"}]}])
+    assert got.output_text == chat.choices[0].message.content
+    assert got.usage.input_tokens == chat.usage.prompt_tokens

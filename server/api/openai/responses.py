@@ -59,8 +59,10 @@ def _parts(content, where: str, assistant: bool) -> str | list[dict]:
                 raise invalid("input_image needs `image_url` (a data: or http(s) URL; file_id is not "
                               "supported)", param=here)
             out.append({"type": "image_url", "image_url": {"url": url}})
+        elif kind == "input_audio" and not assistant:      # decoded as a chat's input_audio part
+            out.append({"type": "input_audio", "input_audio": part.get("input_audio")})
         else:
-            allowed = "output_text or refusal" if assistant else "input_text or input_image"
+            allowed = "output_text or refusal" if assistant else "input_text, input_image or input_audio"
             raise invalid(f"content part type {kind!r} is not supported here (use {allowed})", param=here)
     return out
 
