@@ -27,7 +27,7 @@ _FILES = {  # URL path -> (file, content type)
 _HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; "
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; media-src 'self' data: blob:; "
                                "object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
 }
 

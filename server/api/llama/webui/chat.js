@@ -319,8 +319,8 @@ function renderMessage(m, index, conv) {
   if (m.role === "tool") return renderToolResult(m); // webui/tools.js
   if (m.role === "user") {
     const thumbs = (m.images || []).length
-      ? el("div", { class: "thumbs" }, ...m.images.map((url) =>
-        (url ? el("img", { src: url, alt: "attached image" }) : el("span", { class: "muted" }, "[image not kept]"))))
+      ? el("div", { class: "thumbs" }, ...m.images.map((url) => (!url ? el("span", { class: "muted" }, "[media not kept]")
+        : isAudio(url) ? el("audio", { src: url, controls: "" }) : el("img", { src: url, alt: "attached image" }))))
       : null;
     const lastUser = conv.messages.findLastIndex((x) => x.role === "user") === index;
     return el("div", { class: "msg user" }, thumbs, m.content ? el("div", { class: "bubble" }, m.content) : null,
@@ -397,7 +397,7 @@ function updateStreaming() {
 
 function renderAttachments() {
   $("#attachments").replaceChildren(...attachments.map((url, i) => el("div", { class: "att" },
-    el("img", { src: url, alt: "image to send" }),
+    isAudio(url) ? el("audio", { src: url, controls: "" }) : el("img", { src: url, alt: "image to send" }),
     el("button", { type: "button", title: "Remove", onclick: () => { attachments.splice(i, 1); renderAttachments(); } },
       "\u2715"))));
 }
@@ -416,7 +416,8 @@ function apiMessages(conv) {
     if (m.role === "user") {
       const images = (m.images || []).filter(Boolean);
       out.push({ role: "user", content: images.length
-        ? [...images.map((url) => ({ type: "image_url", image_url: { url } })),
+        ? [...images.map((url) => (isAudio(url) ? { type: "input_audio", input_audio: audioPart(url) }
+          : { type: "image_url", image_url: { url } })),
           ...(m.content ? [{ type: "text", text: m.content }] : [])]
         : m.content });
     } else if (m.role === "tool") {
@@ -571,8 +572,11 @@ async function loadProps() {
     $("#top_p").placeholder = defaults.top_p ?? "";
     $("#max_tokens").placeholder = "no limit";
     const vision = !!props.modalities?.vision;
-    $("#attach").classList.toggle("disabled", !vision);
-    $("#attach").title = vision ? "Attach images" : "This model does not take images";
+    const audio = !!props.modalities?.audio;
+    $("#attach").classList.toggle("disabled", !vision && !audio);
+    $("#attach").title = vision && audio ? "Attach images or audio" : vision ? "Attach images"
+      : audio ? "Attach audio (WAV, MP3, FLAC)" : "This model does not take images or audio";
+    $("#record").hidden = !audio || !navigator.mediaDevices?.getUserMedia;
   } catch (e) {
     notice(`Cannot reach the server: ${e.message}`);
     setTimeout(loadProps, 3000);
@@ -598,11 +602,80 @@ function readAsDataURL(file) {
   });
 }
 
+function canTakeAudio() {
+  if (props && props.modalities && props.modalities.audio) return true;
+  notice(props ? "This server does not take audio (start it with an --mmproj that has an audio encoder)."
+    : "The server's capabilities are not known yet.");
+  return false;
+}
+
 async function addFiles(files) {
   const images = [...files].filter((f) => f.type.startsWith("image/"));
-  if (!images.length || !canTakeImages()) return;
-  for (const f of images) attachments.push(await readAsDataURL(f));
+  const clips = [...files].filter((f) => f.type.startsWith("audio/"));
+  if (images.length && canTakeImages()) for (const f of images) attachments.push(await readAsDataURL(f));
+  if (clips.length && canTakeAudio()) for (const f of clips) attachments.push(await readAsDataURL(f));
   renderAttachments();
+}
+
+// ---------------------------------------------------------------------------
+// Audio: clips as data: URLs (input_audio parts), and recording from the microphone
+
+const isAudio = (url) => url.startsWith("data:audio/");
+
+function audioPart(url) {
+  const [head, data] = url.split(",", 2);
+  const mime = head.slice(5).split(";")[0];
+  const format = /flac/.test(mime) ? "flac" : /mp3|mpeg/.test(mime) ? "mp3" : "wav";
+  return { data, format };
+}
+
+function wavDataURL(samples, rate) {
+  // 16-bit PCM mono: a format every audio mmproj's decoder takes (MediaRecorder gives webm/ogg)
+  const buf = new DataView(new ArrayBuffer(44 + samples.length * 2));
+  const text = (o, s) => [...s].forEach((c, i) => buf.setUint8(o + i, c.charCodeAt(0)));
+  text(0, "RIFF"); buf.setUint32(4, 36 + samples.length * 2, true); text(8, "WAVEfmt ");
+  buf.setUint32(16, 16, true); buf.setUint16(20, 1, true); buf.setUint16(22, 1, true);
+  buf.setUint32(24, rate, true); buf.setUint32(28, rate * 2, true); buf.setUint16(32, 2, true);
+  buf.setUint16(34, 16, true); text(36, "data"); buf.setUint32(40, samples.length * 2, true);
+  samples.forEach((x, i) => buf.setInt16(44 + i * 2, Math.max(-1, Math.min(1, x)) * 0x7fff, true));
+  let bin = "";
+  const bytes = new Uint8Array(buf.buffer);
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return `data:audio/wav;base64,${btoa(bin)}`;
+}
+
+let recorder = null;
+
+async function toggleRecording() {
+  if (recorder) { recorder.stop(); return; }
+  if (!canTakeAudio()) return;
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+  } catch (e) {
+    notice(`No microphone: ${e.message}`);
+    return;
+  }
+  const chunks = [];
+  recorder = new MediaRecorder(stream);
+  recorder.ondataavailable = (e) => chunks.push(e.data);
+  recorder.onstop = async () => {
+    stream.getTracks().forEach((t) => t.stop());
+    recorder = null;
+    $("#record").textContent = "Record";
+    const ctx = new AudioContext();
+    try {
+      const audio = await ctx.decodeAudioData(await new Blob(chunks).arrayBuffer());
+      attachments.push(wavDataURL(audio.getChannelData(0), audio.sampleRate));
+      renderAttachments();
+    } catch (e) {
+      notice(`Could not read the recording: ${e.message}`);
+    } finally {
+      ctx.close();
+    }
+  };
+  recorder.start();
+  $("#record").textContent = "Stop recording";
 }
 
 // ---------------------------------------------------------------------------
@@ -646,8 +719,11 @@ function init() {
     if (files.some((f) => f.type.startsWith("image/"))) { e.preventDefault(); addFiles(files); }
   });
   $("#stop").addEventListener("click", () => inFlight && inFlight.controller.abort());
-  $("#attach").addEventListener("click", (e) => { if (e.target !== $("#file") && !canTakeImages()) e.preventDefault(); });
+  $("#attach").addEventListener("click", (e) => {
+    if (e.target !== $("#file") && !props?.modalities?.audio && !canTakeImages()) e.preventDefault();
+  });
   $("#file").addEventListener("change", (e) => { addFiles(e.target.files); e.target.value = ""; });
+  $("#record").addEventListener("click", toggleRecording);
   document.addEventListener("dragover", (e) => {
     if (![...e.dataTransfer.types].includes("Files")) return;
     e.preventDefault();
