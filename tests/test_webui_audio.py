@@ -6,11 +6,11 @@ import os
 
 import httpx
 import pytest
-
 import synth_audio as SA
-from ggserve.server.app import ServerConfig, create_app
 from server_harness import RunningServer
 from test_webui import CHROMEDRIVER, CHROMIUM, last_error, last_stats, open_page, set_field, type_message, wait_for
+
+from ggserve.server.app import ServerConfig, create_app
 
 CLIP = SA.SYNTH / "audio" / "tone_16k_mono_1s.wav"
 ULTRAVOX_ROWS = 375
