@@ -14,6 +14,7 @@ same without /v1 where llama-server has them, /props and the chat page at /
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -171,9 +172,9 @@ def _routes(api: API, route: Router, sessions: StreamSessions) -> list[Route]:
 def _lifespan(service: Service, sleeper: Sleeper | None, toolbox=None):
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if toolbox is not None:                  # MCP servers list their tools before the port opens
+        await service.start()                    # the model loads in the background
+        if toolbox is not None:                  # meanwhile MCP servers list their tools, before the port opens
             await toolbox.start()
-        await service.start()
         if sleeper is not None:
             sleeper.start()
         try:
@@ -181,9 +182,7 @@ def _lifespan(service: Service, sleeper: Sleeper | None, toolbox=None):
         finally:
             if sleeper is not None:
                 await sleeper.stop()
-            await service.close()
-            if toolbox is not None:
-                await toolbox.close()
+            await asyncio.gather(service.close(), *([toolbox.close()] if toolbox is not None else []))
     return lifespan
 
 
