@@ -23,8 +23,10 @@ from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import SandboxedEnvironment
 
-from ggserve.models.template_caps import probe_caps
+from ggserve.models.template_caps import note, probe_caps, probe_content, read_all
+from ggserve.models.template_families import family
 from ggserve.models.template_inputs import InputError, polyfill
+from ggserve.models.template_reasoning import analyze, continued
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,6 @@ CHATML = (
 )
 
 _IMAGE_PART_TYPES = ("image", "image_url", "input_image")
-_PROBE = "\x00ggserve-typed-content-probe\x00"
 
 
 class TemplateError(Exception):
@@ -65,6 +66,8 @@ def _raise_exception(message):
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    if isinstance(value, list):   # a plain list: writing it is no array access (template_caps probes)
+        value = list.__getitem__(value, slice(None))
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys, default=_json_default)
 
@@ -79,10 +82,13 @@ def _json_default(value):
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable") from None
 
 
-def _as_list(f):
-    """llama.cpp's map/select/... give arrays (which `length` and indexing take), jinja2's generators."""
+def _as_list(f, name: str):
+    """llama.cpp's map/select/... give arrays (which `length` and indexing take), jinja2's generators.
+    What they are applied to is noted (template_caps: content probes)."""
     @functools.wraps(f)
     def listed(*args, **kwargs):
+        for a in args[:2]:
+            note(a, name)
         return list(f(*args, **kwargs))
     return listed
 
@@ -113,8 +119,13 @@ def _environment() -> jinja2.Environment:
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
                                extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters["safe"] = str    # no Markup: jinja2's would HTML-escape what is added to it (functionary)
     for name in ("map", "select", "reject", "selectattr", "rejectattr"):
-        env.filters[name] = _as_list(env.filters[name])
+        env.filters[name] = _as_list(env.filters[name], name)
+    to_string = env.filters["string"]
+    env.filters["string"] = lambda value: read_all(value) or to_string(value)
+    string_test = env.tests["string"]
+    env.tests["string"] = lambda value: note(value, "test_is_string") or string_test(value)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -132,9 +143,21 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as e:
             raise TemplateError(f"invalid chat template: {e}") from e
-        self.supports_typed_content = self._probe_typed_content()
+        self.thinking = False     # llama.cpp's probes leave enable_thinking undefined
+        # which content shapes it takes, as llama.cpp's caps find them (common/jinja/caps.cpp)
+        self.supports_string_content, self.supports_typed_content = probe_content(
+            lambda msgs: self._template.render(messages=msgs, tools=[], bos_token="", eos_token="",
+                                               add_generation_prompt=True))
         self.caps = probe_caps(lambda msgs, tools: self._template.render(
             messages=msgs, tools=tools, bos_token="", eos_token="", add_generation_prompt=True))
+        # where it writes reasoning (llama.cpp's autoparser analysis): a continued message, and
+        # llama-server's default enable_thinking (true only where the template has reasoning)
+        self.reasoning = analyze(lambda msgs, agp, thinking, tools=None: self._render(
+            [self._normalize(m, IMAGE_MARKER) for m in msgs], agp, tools, {"enable_thinking": thinking}),
+            source, self.caps.tool_calls)
+        self.family = family(source)   # a family llama.cpp renders with a handler of its own
+        self.thinking = self.reasoning.supported if self.family is None or self.family.thinking is None \
+            else self.family.thinking
         # Ministral 3 / Magistral (llama.cpp common/chat.cpp picks its ministral_3 handler by these markers)
         self._ministral3 = all(m in source for m in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) \
             and "[CALL_ID]" not in source
@@ -155,27 +178,20 @@ class ChatTemplate:
             source = CHATML
         return cls(source, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"), add_bos=add_bos)
 
-    def _probe_typed_content(self) -> bool:
-        """Does the template read content given as a list of typed parts? (as minja probes)"""
-        probe = [{"role": "user", "content": [{"type": "text", "text": _PROBE}]}]
-        try:
-            return _PROBE in self._render(probe, False, None, {})
-        except Exception:
-            return False
-
     def _render(self, messages, add_generation_prompt, tools, extra) -> str:
         # llama.cpp's extra context (common/chat.cpp common_chat_extra_context): today's
-        # date for templates that print it (Llama 3.x: "Today Date: 23 Nov 2026")
-        # llama-server renders with enable_thinking true (its default --reasoning auto) unless
-        # asked otherwise: Gemma 4's template opens its system turn with <|think|> then
+        # date for templates that print it (Llama 3.x: "Today Date: 23 Nov 2026");
+        # enable_thinking: llama-server's default where the template has reasoning
         today = now()
-        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, "enable_thinking": True,
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token,
+                   "enable_thinking": self.thinking,
                    "datetime": today.strftime("%b %d %Y"), "date_string": today.strftime("%d %b %Y"), **extra}
         if tools:       # no tools: `tools` undefined, which a template iterates as empty (Hermes)
             context["tools"] = tools
+        if add_generation_prompt:   # else undefined, as llama.cpp leaves it (RWKV's template defaults it on)
+            context["add_generation_prompt"] = True
         # deep-copied: a template may change what it is given (append to a message's list)
-        text = self._template.render(messages=copy.deepcopy(messages),
-                                     add_generation_prompt=add_generation_prompt, **context)
+        text = self._template.render(messages=copy.deepcopy(messages), **context)
         # common/chat.cpp: the tokenizer adds BOS, so a BOS the template wrote is dropped
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token):]
@@ -191,7 +207,8 @@ class ChatTemplate:
         generation prompt that differs from the rendering without one, then the
         message's text (llama.cpp's autoparser continuation)."""
         msgs = [self._normalize(m, image_marker) for m in messages]
-        suffix = None
+        extra = {**_reasoning_variables(extra), **extra}
+        suffix = reasoning = None
         if continue_final_message:
             if not msgs or msgs[-1].get("role") != "assistant":
                 raise TemplateError("continue_final_message needs a final assistant message")
@@ -202,8 +219,8 @@ class ChatTemplate:
                 p if isinstance(p, str) else p.get("text", "") for p in raw
                 if isinstance(p, str) or p.get("type") == "text")
             suffix = suffix or ""
+            reasoning = last.get("reasoning_content") or ""
             if self._ministral3:   # llama.cpp's ministral_3 handler writes the open turn itself
-                reasoning = last.get("reasoning_content") or ""
                 suffix = "[THINK]" + reasoning + ("" if reasoning and not suffix else "[/THINK]" + suffix)
         try:
             msgs = polyfill(msgs, self.caps, self.source)
@@ -211,6 +228,8 @@ class ChatTemplate:
             raise TemplateError(str(e)) from None
         if self._ministral3:
             msgs = [_ministral3_blocks(m) for m in msgs]
+        elif self.family is not None:
+            msgs = self.family.messages(msgs)
         try:
             if suffix is None:
                 return self._render(msgs, add_generation_prompt, tools, extra)
@@ -224,7 +243,10 @@ class ChatTemplate:
             n = 0
             while n < min(len(bare), len(opened)) and bare[n] == opened[n]:
                 n += 1
-            return bare + opened[n:] + suffix
+            if self.family is not None and self.family.continuation is not None:
+                return bare + self.family.continuation(opened[n:], bare, suffix, reasoning,
+                                                       not reasoning or bool(suffix))
+            return bare + continued(opened[n:], suffix, reasoning, self.reasoning)
         except TemplateError:
             raise
         except jinja2.TemplateError as e:
@@ -236,20 +258,38 @@ class ChatTemplate:
         message = dict(message)
         content = message.get("content")
         if isinstance(content, (list, tuple)):
-            parts, joined, after_image = [], "", False
+            parts, joined, after_image, after_any_image = [], "", False, False
             for part in content:
                 if isinstance(part, str):
                     part = {"type": "text", "text": part}
                 if part.get("type") in _IMAGE_PART_TYPES:
                     part = {"type": "text", "text": image_marker}
-                    joined, after_image = joined + image_marker, True
+                    joined, after_image, after_any_image = joined + image_marker, True, True
                 elif part.get("type") == "text":
                     # llama.cpp's concat_content_parts: texts joined by a newline, none beside an image
                     joined += ("\n" if joined and not after_image else "") + part.get("text", "")
                     after_image = False
                 parts.append(part)
-            message["content"] = parts if self.supports_typed_content else joined
+            # llama.cpp (common_chat_msg::to_json_oaicompat): content with media is always one string
+            message["content"] = parts if self.supports_typed_content and not after_any_image else joined
+        elif isinstance(content, str) and self.supports_typed_content and not self.supports_string_content:
+            message["content"] = [{"type": "text", "text": content}]   # a template that takes parts only
         return message
+
+
+def _reasoning_variables(kwargs: dict) -> dict:
+    """The variables llama.cpp derives from preserve_reasoning (llama-server passes true unless
+    --no-reasoning-preserve) and reasoning_effort (common/jinja/caps.cpp), under the names
+    templates read; a request's own chat_template_kwargs still win."""
+    out = {}
+    keep = kwargs.get("preserve_reasoning", True)
+    if isinstance(keep, bool):
+        out.update(preserve_reasoning=keep, preserve_thinking=keep, clear_thinking=not keep,
+                   truncate_history_thinking=not keep, drop_thinking=not keep)
+    effort = kwargs.get("reasoning_effort")
+    if isinstance(effort, str) and effort:
+        out.update(reasoning_effort=effort, reasoning_strength=effort)
+    return out
 
 
 def _ministral3_blocks(message: dict) -> dict:

