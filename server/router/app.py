@@ -79,7 +79,7 @@ class RouterAPI:
         if not autoload and model.status != "loaded":
             raise APIError(400, "model is not loaded")
         try:
-            await self.registry.acquire(model)
+            await self._acquire_while_connected(request, model)
         except LoadFailed as e:
             raise APIError(503, f"model '{model.spec.id}' failed to load: {e}", code="model_load_failed") from None
         try:
@@ -96,6 +96,26 @@ class RouterAPI:
             self.registry.keep_alive(model, keep_alive)
             self.registry.release(model)
         return await self.proxy.forward(request, child.url, raw, done, path)
+
+    async def _acquire_while_connected(self, request: Request, model: Model) -> None:
+        """Wait for the model; a client that leaves meanwhile leaves the queue too, so no model
+        is unloaded for nobody (llama.cpp's test_router_queue_client_disconnect_keeps_model)."""
+        async def gone():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        acquire = asyncio.ensure_future(self.registry.acquire(model))
+        watch = asyncio.ensure_future(gone())
+        try:
+            await asyncio.wait({acquire, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not acquire.done():
+                acquire.cancel()
+            await asyncio.gather(watch, acquire, return_exceptions=True)
+        if acquire.cancelled():
+            raise APIError(400, "the client left while its model was loading")
+        acquire.result()
 
     # -- endpoints ---------------------------------------------------------------------
 
