@@ -262,7 +262,9 @@ def local_docker(tmp_path, monkeypatch):
     find, timeout) then run for real, as they would inside a container."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "docker").write_text('#!/bin/sh\n[ "$1" = exec ] || exit 99\nshift\n[ "$1" = -i ] && shift\n'
+    # `docker run --rm -i --cidfile F IMAGE sh`: writes an id, then a shell reading stdin stands for the container
+    (bin_dir / "docker").write_text('#!/bin/sh\nif [ "$1" = run ]; then echo cid$$ > "$5"; exec sh; fi\n'
+                                    '[ "$1" = exec ] || exit 99\nshift\n[ "$1" = -i ] && shift\n'
                                     'shift\nexec "$@"\n')
     (bin_dir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -286,3 +288,23 @@ def test_tools_through_a_container_runtime(local_docker):
     assert run("exec_shell_command", {"command": "cat sub/a.txt"}) == {
         "plain_text_response": "hello\nthere\n\n[exit code: 0]"}
     assert run("read_file", {"path": "../x"}) == {"error": "path escapes the working directory: ../x"}
+
+
+def test_a_runtime_container_is_started_kept_and_stopped_with_the_server(local_docker):
+    async def run():
+        box = ToolBox(builtin.enabled(["exec_shell_command"]), runtime="docker:busybox")
+        await box.start()
+        first = box.owned.proc
+        answer = await box.invoke("exec_shell_command", {"command": "echo inside"}, CallPlace(cwd=str(local_docker)))
+        spec = await box.owned.spec()
+        first.kill()                                  # the container dies: the next call starts another
+        await first.wait()
+        again = await box.invoke("exec_shell_command", {"command": "echo again"}, CallPlace(cwd=str(local_docker)))
+        second = box.owned.proc
+        await box.close()
+        return answer, spec, again, first is not second, second.returncode
+    answer, spec, again, respawned, code = asyncio.run(run())
+    assert answer == {"plain_text_response": "inside\n\n[exit code: 0]"}
+    assert spec.startswith("docker-container:cid")
+    assert again == {"plain_text_response": "again\n\n[exit code: 0]"} and respawned
+    assert code == 0                                  # stdin closed: the container's shell ended
