@@ -169,15 +169,16 @@ class OwnedContainer:
         for _ in range(100):
             with contextlib.suppress(OSError):
                 self.cid = open(cidfile).read().strip()
-            if self.cid:
+            if self.cid or self.proc.returncode is not None:      # started, or failed to
                 break
             await asyncio.sleep(0.1)
         with contextlib.suppress(OSError):
             os.remove(cidfile)
             os.rmdir(os.path.dirname(cidfile))
         if not self.cid:
-            self.proc.kill()
-            raise ToolRequestError(500, f"timed out waiting for {self.engine} container (image: {self.image})")
+            if self.proc.returncode is None:
+                self.proc.kill()
+            raise ToolRequestError(500, f"{self.engine} container for the tools did not start (image: {self.image})")
 
     async def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
