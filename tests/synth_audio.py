@@ -3,7 +3,7 @@ synthetic audio mmproj files; its README says how they were made) and engines on
 files, shared by the audio tests (not a test module itself). Missing data is an error."""
 import hashlib
 import json
-import pathlib
+import pathlib  # noqa: F401  (tests reach it as SA.pathlib)
 
 from PIL import Image
 

@@ -1,4 +1,4 @@
-"""Whisper-encoder families: Ultravox, Voxtral, Qwen2-Audio (qwen2a / qwen2.5o).
+"""Whisper-encoder families: Ultravox, Voxtral, Qwen2-Audio (qwen2a / qwen2.5o), Music Flamingo.
 
 ref: llama.cpp tools/mtmd/models/whisper-enc.cpp, clip.cpp (build_vit, build_stack,
 clip_n_output_tokens), mtmd.cpp (init_audio: the wrapper text).
@@ -12,6 +12,7 @@ One 3000-frame log-mel chunk [n_mel, 3000] ->
      ultravox  RMS norm * norm_pre -> mlp.1 -> SwiGLU (silu of the second half) -> RMS norm * norm_mid -> mlp.2
      voxtral   mlp.1 -> GELU-erf -> mlp.2
      qwen2a    fc (+b)
+     musicflamingo  mlp.1 (+b) -> GELU-erf -> mlp.2 (+b)
 
 Tokens per chunk are the graph's rows: llama.cpp 11434 counts ultravox/voxtral rows
 from the mel frames aligned to the stack factor (3000/8/2 = 187 for Ultravox's real
@@ -26,10 +27,11 @@ import math
 from ggserve.models.vision import vit
 from ggserve.native import ggml
 
-FAMILIES = ("ultravox", "voxtral", "qwen2a")
-AVG_POOL = ("voxtral", "qwen2a")
+FAMILIES = ("ultravox", "voxtral", "qwen2a", "musicflamingo")
+AVG_POOL = ("voxtral", "qwen2a", "musicflamingo")
 STACKED = ("ultravox", "voxtral")
-WRAPPERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", "")}
+WRAPPERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", ""),
+            "musicflamingo": ("<sound>", "")}
 N_FRAMES = 3000
 
 
@@ -54,9 +56,12 @@ class WhisperEncoder:
             self.norm_mid = w.get("mm.a.norm_mid.weight", (self.mlp1.ne[1] // 2,))
             self.mlp2 = w.get("mm.a.mlp.2.weight", (self.mlp1.ne[1] // 2,))
             self.n_embd_out = self.mlp2.ne[1]
-        elif p == "voxtral":
+        elif p in ("voxtral", "musicflamingo"):
+            biases = p == "musicflamingo"
             self.mlp1 = w.get("mm.a.mlp.1.weight", (e_in,))
+            self.mlp1_b = w.get("mm.a.mlp.1.bias", (self.mlp1.ne[1],), required=biases)
             self.mlp2 = w.get("mm.a.mlp.2.weight", (self.mlp1.ne[1],))
+            self.mlp2_b = w.get("mm.a.mlp.2.bias", (self.mlp2.ne[1],), required=biases)
             self.n_embd_out = self.mlp2.ne[1]
         else:
             self.fc = w.get("mm.a.fc.weight", (e,))
@@ -110,8 +115,9 @@ class WhisperEncoder:
             x = g.swiglu(second, first)
             x = g.mul(g.rms_norm(x, 1e-6), self.norm_mid)
             return g.mul_mat(self.mlp2, x)
-        if p == "voxtral":
-            return g.mul_mat(self.mlp2, g.gelu_erf(g.mul_mat(self.mlp1, x)))
+        if p in ("voxtral", "musicflamingo"):
+            x = g.gelu_erf(vit.add(g, g.mul_mat(self.mlp1, x), self.mlp1_b))
+            return vit.add(g, g.mul_mat(self.mlp2, x), self.mlp2_b)
         return g.add(g.mul_mat(self.fc, x), self.fc_b)
 
 
