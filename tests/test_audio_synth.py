@@ -95,6 +95,20 @@ MUSIC_FLAMINGO = SA.pathlib.Path(__file__).parent / "data" / "audio" / "music_fl
 BUILD_TOL = 0.3
 
 
+@pytest.fixture(scope="module")
+def music_flamingo_mmproj(tmp_path_factory):
+    """The synthetic file, made as it was made for the recording (the same bytes)."""
+    import hashlib
+    import sys
+    sys.path.insert(0, str(MUSIC_FLAMINGO.parent))
+    import make_music_flamingo
+    path = tmp_path_factory.mktemp("musicflamingo") / "mmproj-synth-music_flamingo-f16.gguf"
+    make_music_flamingo.write_mmproj(str(path))
+    want = SA.json.loads((MUSIC_FLAMINGO / "answers.json").read_text())["mmproj_sha256"]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == want
+    return str(path)
+
+
 def _recorded(name: str, audio: str) -> dict:
     gold = next(r for r in SA.json.loads((MUSIC_FLAMINGO / name).read_text())["results"] if r["audio"] == audio)
     case = dict(SA.case("qwen2a", audio), prompt_tokens=gold["prompt_tokens"], generated_ids=gold["generated_ids"],
@@ -105,11 +119,11 @@ def _recorded(name: str, audio: str) -> dict:
 
 @pytest.mark.parametrize("audio", ["tone_16k_mono_1s.wav", "speech_espeak_22k_mono_64k.mp3",
                                    pytest.param("long_16k_mono_35s.wav", marks=pytest.mark.slow)])
-def test_music_flamingo_answers_as_llama_server(audio, monkeypatch):
+def test_music_flamingo_answers_as_llama_server(audio, monkeypatch, music_flamingo_mmproj):
     """A family beyond the synth-audio set, on a synthetic file made and answered as
     tests/data/audio/make_music_flamingo.py says (llama-server 11434, CPU)."""
     monkeypatch.setattr(SA, "LOGPROB_TOL", BUILD_TOL)
-    e = SA.engine("qwen2a", mmproj=str(MUSIC_FLAMINGO / "mmproj-synth-music_flamingo-f16.gguf"))
+    e = SA.engine("qwen2a", mmproj=music_flamingo_mmproj)
     try:
         check_case(e, _recorded("answers.json", audio))
     finally:

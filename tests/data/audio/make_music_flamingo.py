@@ -1,7 +1,7 @@
 """A synthetic Music Flamingo audio mmproj (`clip.projector_type=musicflamingo`) and llama-server's
 answers on it: tests/test_audio_synth.py's golden for a family beyond the synth-audio set.
 
-    LLAMA_CPP_DIR=/path/to/llama.cpp python tests/data/audio/make_music_flamingo.py mmproj OUT.gguf
+    python tests/data/audio/make_music_flamingo.py mmproj OUT.gguf     (the tests make it in a temp dir)
     python tests/data/audio/make_music_flamingo.py record LLAMA_SERVER OUT.gguf answers.json
 
 `mmproj`: the synth-audio generator's Whisper encoder (../shared/golden/tools/make_synth_audio.py,
@@ -73,8 +73,11 @@ def record(server_bin, mmproj, out):
                      for s in r["choices"][0]["logprobs"]["content"]]
             results.append({"audio": clip, "prompt_tokens": r["usage"]["prompt_tokens"],
                             "generated_ids": [s["id"] for s in steps], "steps": steps})
+        import hashlib
+        sha = hashlib.sha256(pathlib.Path(mmproj).read_bytes()).hexdigest()
         pathlib.Path(out).write_text(json.dumps({"made_by": "tests/data/audio/make_music_flamingo.py record",
-                                                 "server_command": " ".join(cmd[1:]), "results": results}, indent=1))
+                                                 "mmproj_sha256": sha, "server_command": " ".join(cmd[1:]),
+                                                 "results": results}, indent=1))
     finally:
         proc.terminate()
         proc.wait()
