@@ -200,13 +200,16 @@ def test_mcp_tools_listed_as_server_tool_and_called():
             names = [t["tool"] for t in box.listing()]
             answer = await box.invoke("notes_echo", {"message": "hello"}, CallPlace())
             failed = await box.invoke("notes_fail", {}, CallPlace())
-            return names, answer, failed
+            chatty = await box.invoke("notes_chatty", {}, CallPlace())    # a notification and a stray line first
+            return names, answer, failed, chatty
         finally:
             await box.close()
-    names, answer, failed = asyncio.run(run())
-    assert names == ["notes_echo", "notes_add", "notes_fail", "notes_sleep", "notes_crash", "notes_pid"]
+    names, answer, failed, chatty = asyncio.run(run())
+    assert names == ["notes_echo", "notes_add", "notes_fail", "notes_sleep", "notes_crash", "notes_pid",
+                     "notes_chatty"]
     assert answer == {"plain_text_response": "echo: hello"}
     assert failed == {"error": "Error executing tool fail"}
+    assert chatty == {"plain_text_response": "answered"}
 
 
 def test_mcp_server_respawned_after_a_crash_and_a_slow_call_times_out(tmp_path):
@@ -241,7 +244,7 @@ def test_an_mcp_server_that_cannot_start_adds_no_tools_and_others_still_do():
         finally:
             await box.close()
     names, status, answer = asyncio.run(run())
-    assert names == ["good_echo", "good_add", "good_fail", "good_sleep", "good_crash", "good_pid"]
+    assert names == ["good_echo", "good_add", "good_fail", "good_sleep", "good_crash", "good_pid", "good_chatty"]
     assert status == 404 and answer == {"plain_text_response": "echo: hi"}
 
 

@@ -101,6 +101,7 @@ MCP_CALLS = [
     ("notes_echo", {"message": "hello"}),
     ("notes_add", {"a": 2, "b": 3.5}),
     ("notes_fail", {}),
+    ("notes_chatty", {}),
     ("notes_sleep", {"seconds": 6}),
     ("notes_crash", {}),
     ("notes_echo", {"message": "after the crash"}),

@@ -2,13 +2,14 @@
 
 Tools: `echo` (message -> "echo: message"), `add` (a + b), `fail` (an MCP tool error),
 `sleep` (seconds), `crash` (the process exits at once), `pid` (this process's id, to tell a
-respawned server from the first). A file named by $NOTES_SPAWN_LOG gets one line per start.
+respawned server from the first), `chatty` (a log notification before its answer, and a line
+that is not JSON-RPC written straight to stdout). A file named by $NOTES_SPAWN_LOG gets one line per start.
 """
 import os
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("notes")
 
@@ -47,6 +48,13 @@ def crash() -> str:
 @server.tool(description="This process's id")
 def pid() -> str:
     return str(os.getpid())
+
+
+@server.tool(description="Talks before it answers")
+async def chatty(ctx: Context) -> str:
+    await ctx.info("about to answer")
+    os.write(1, b"this line is not JSON-RPC\n")
+    return "answered"
 
 
 if __name__ == "__main__":
