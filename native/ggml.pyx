@@ -288,6 +288,8 @@ cdef class Backend:
                     raise GGMLError(f"{path}: cannot place tensor {info.name}")
             ggml_backend_buffer_set_usage(b.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
             buffers[dev.name] = b
+        copied = repacked + [i for dev, infos in by_device.items() if not dev.is_cpu or not use_mmap for i in infos]
+        _release_pages(mm, data_offset, copied)
         return buffers
 
     cdef Buffer _load_copies(self, gguf_file, const unsigned char * base, size_t file_size, Device dev,

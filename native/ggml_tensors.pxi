@@ -221,3 +221,17 @@ cdef Buffer _declare_weights(Device dev, list infos):
         ggml_set_name(p, info.name.encode()[:63])
         b.tensors[info.name] = Tensor.wrap(p, b)
     return b
+
+
+def _release_pages(mm, size_t data_offset, list infos):
+    """The map's pages of tensors that were copied out (to a GPU, a repack buffer, or
+    with --no-mmap) leave the process's resident memory: MADV_DONTNEED on a read-only
+    file map drops them, and a later touch reads them back from the page cache. So a
+    model offloaded to a GPU is not counted twice, as llama.cpp unmaps such ranges."""
+    cdef size_t page = _mmap.PAGESIZE
+    cdef size_t lo, hi
+    for info in infos:
+        lo = (data_offset + <size_t>info.offset) // page * page
+        hi = data_offset + <size_t>info.offset + <size_t>info.nbytes
+        if hi > lo:
+            mm.madvise(_mmap.MADV_DONTNEED, lo, hi - lo)
