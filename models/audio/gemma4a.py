@@ -15,8 +15,6 @@ before the pointwise conv), as llama.cpp loads them.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ggserve.models.audio.mel import _LIBM, gemma4_chunks

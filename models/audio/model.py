@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggserve.models.audio import mel as mel_mod
 from ggserve.models.audio.config import read_config
 from ggserve.models.registry import ModelError
 from ggserve.models.weights import Weights
@@ -118,8 +117,7 @@ class AudioModel:
 
     def preprocess(self, samples: np.ndarray) -> AudioChunks:
         """Mono float32 samples at sample_rate -> the clip's chunks (as mtmd cuts them)."""
-        mels = self.encoder.mel_chunks(samples) if hasattr(self.encoder, "mel_chunks") \
-            else mel_mod.whisper_chunks(samples, self.config.n_mel)
+        mels = self.encoder.mel_chunks(samples)
         return AudioChunks([AudioChunk(m) for m in mels], [self.encoder.n_tokens(m.shape[1]) for m in mels],
                            self.encoder.wrappers())
 

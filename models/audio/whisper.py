@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from ggserve.models.audio.mel import whisper_chunks
 from ggserve.models.vision import vit
 from ggserve.native import ggml
 
@@ -72,6 +73,9 @@ class WhisperEncoder:
 
     def wrappers(self) -> tuple[str, str]:
         return WRAPPERS[self.cfg.projector]
+
+    def mel_chunks(self, samples):
+        return whisper_chunks(samples, self.cfg.n_mel)
 
     def n_tokens(self, n_frames: int = N_FRAMES) -> int:
         """Embedding rows of one chunk: the graph's (see the module doc)."""
