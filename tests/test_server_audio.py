@@ -206,3 +206,23 @@ def test_responses_api_takes_input_audio_as_chat_does(client, server):
                                      {"type": "input_text", "text": "Hear?"}]}])
     assert got.output_text == chat.choices[0].message.content
     assert got.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_native_completion_takes_multimodal_data_as_llama_server(server):
+    """/completion's {prompt_string, multimodal_data}: the golden chat's rendered prompt with the
+    clip gives the golden's prompt tokens and greedy tokens (up to the first near tie)."""
+    case = SA.case("ultravox", "speech_espeak_22k_mono.wav")
+    r = httpx.post(server.url + "/completion", timeout=300, json={
+        "prompt": {"prompt_string": case["apply_template_prompt"], "multimodal_data": [b64(case["audio"])]},
+        "n_predict": len(case["generated_ids"]), "temperature": 0, "return_tokens": True, "cache_prompt": False})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    tie = SA.first_near_tie(case)
+    assert got["tokens_evaluated"] == case["prompt_tokens"]
+    assert got["tokens"][:tie] == case["generated_ids"][:tie]
+
+
+def test_native_completion_with_more_media_than_markers_is_a_400(server):
+    r = httpx.post(server.url + "/completion", timeout=60, json={"n_predict": 1, "prompt": {
+        "prompt_string": "no marker here", "multimodal_data": [b64("tone_16k_mono_1s.wav")]}})
+    assert r.status_code == 400 and "marker" in r.json()["error"]["message"]

@@ -18,6 +18,7 @@ from ggserve.server.api.common import API
 from ggserve.server.api.delivery import Collected, collect, sse
 from ggserve.server.api.errors import invalid
 from ggserve.server.api.llama.lora import request_adapters
+from ggserve.server.api.llama.media_prompt import is_media_prompt, media_prompt
 from ggserve.server.api.openai.generation import completion_sampling
 from ggserve.server.chat.prompts import Prompt
 from ggserve.server.service.jobs import Delta, Job
@@ -172,7 +173,8 @@ async def submit(api: API, req: NativeCompletionRequest, prompts: list[list[int]
     n = req.n_choices
     api.check_n(n)
     params = await completion_sampling(api, req, req.n_probs or 0, n)      # choice j of a prompt: seed + j
-    job = await api.service.submit([Prompt(p) for p in prompts], params * (len(prompts) // n), req.limit,
+    job = await api.service.submit([p if isinstance(p, Prompt) else Prompt(p) for p in prompts],
+                                   params * (len(prompts) // n), req.limit,
                                    n_keep=api.n_keep(req),
                                    ignore_eos=req.ignore_eos, stops=req.stop, id_slot=req.id_slot,
                                    progress=req.stream and req.return_progress, cache_salt=salt,
@@ -207,11 +209,13 @@ class NativeAnswer:
     def final(self, i: int, content: str, text: str, ids: list[int], lps: list, finish) -> dict:
         """Choice i's last object (`text`: all it generated)."""
         req, c = self.req, self.job.choices[i]
-        n_prompt = c.n_prompt or len(self.prompts[i])
+        prompt_ids = self.prompts[i].tokens if isinstance(self.prompts[i], Prompt) else self.prompts[i]
+        n_prompt = c.n_prompt or len(prompt_ids)
         kind, word = stop_type(self.job, i, finish)
         out = {"index": i, "content": content, "tokens": ids, "id_slot": 0, "stop": True,
                "model": self.model, "tokens_predicted": c.n_tokens, "tokens_evaluated": n_prompt,
-               "generation_settings": self.settings[i % req.n_choices], "prompt": self.tok.decode(self.prompts[i]),
+               "generation_settings": self.settings[i % req.n_choices],
+               "prompt": self.tok.decode([t for t in prompt_ids if t >= 0]),      # media rows: placeholders
                "has_new_line": "\n" in text, "truncated": False,
                "stop_type": kind, "stopping_word": word,
                "tokens_cached": n_prompt + max(c.n_tokens - 1, 0),
@@ -259,7 +263,7 @@ class NativeAnswer:
         c = self.job.choices[i]
         chunk = {"index": i, "content": d.text, "tokens": [t for t, _, _ in d.logprobs],
                  "stop": False, "id_slot": -1, "tokens_predicted": c.n_tokens,
-                 "tokens_evaluated": c.n_prompt or len(self.prompts[i])}
+                 "tokens_evaluated": c.n_prompt or len(getattr(self.prompts[i], "tokens", self.prompts[i]))}
         if self.req.timings_per_token:
             chunk["timings"] = self.job.choice_timings(i)
         if self.k:
@@ -308,7 +312,8 @@ async def completion(api: API, request: Request) -> Response:
     """POST /completion, /completions: llama-server's native completion."""
     req = NativeCompletionRequest.model_validate(text_logit_bias(api.engine.tokenizer, await api.json_body(request)))
     tok = api.engine.tokenizer
-    prompts = [tokenize_mixed(tok, p) for p in split_prompts(req.prompt)]
+    prompts = [await media_prompt(api, p) if is_media_prompt(p) else tokenize_mixed(tok, p)
+               for p in split_prompts(req.prompt)]
     return await answer(api, request, req, prompts)
 
 
