@@ -143,3 +143,13 @@ def test_the_recording_builds_logprobs_differ_from_the_goldens_build(engines):
         check_case(engines("qwen2a"), case)
     finally:
         SA.LOGPROB_TOL = saved
+
+
+def test_memory_report_counts_the_audio_encoder(engines):
+    """The audio weights are in the first device's weights and named on their own line; the
+    encoder's compute memory was reserved for a whole chunk at load."""
+    e = engines("ultravox")
+    report = e.memory_report()
+    mib = e.loaded.audio.nbytes / 2**20
+    assert f"audio (ultravox): weights {mib:.1f} MiB" in report
+    assert e.loaded.media.backend.compute_bytes.get(e.backend.devices[0].name, 0) > 0

@@ -124,8 +124,9 @@ class AudioModel:
     # -- graphs ----------------------------------------------------------------------
 
     def max_graph(self):
+        """The largest chunk's graph (3000 mel frames), for backend.reserve; the caller closes it."""
         g = self.backend.graph()
-        self.encoder.build(g)
+        g.output(self.encoder.build(g)[1])
         return g
 
     def reserve(self) -> None:
