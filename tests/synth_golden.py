@@ -95,10 +95,15 @@ def assert_same_as_llama_cpp(events, golden: dict) -> None:
 def llama_cpp_kv_caches(arch: str) -> dict:
     """llama.cpp's KV caches of arch by kind ("non-SWA", "SWA"), from its load log:
     (MiB, cells, layers, K MiB, V MiB)."""
+    return kv_caches_in_log(_json("load_summary.json")[arch])
+
+
+def kv_caches_in_log(lines: list[str]) -> dict:
+    """The KV caches a llama.cpp load log reports, by kind (as llama_cpp_kv_caches)."""
     import re
 
     out, kind = {}, None
-    for line in _json("load_summary.json")[arch]:
+    for line in lines:
         if m := re.search(r"creating +(non-SWA|SWA) KV cache", line):
             kind = m.group(1)
         elif m := re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers.*K \(f16\): +([\d.]+) MiB, "
@@ -107,10 +112,10 @@ def llama_cpp_kv_caches(arch: str) -> dict:
     return out
 
 
-def assert_kv_caches_as_llama_cpp(memory, arch: str, layers: dict[str, list[int]]) -> None:
+def assert_kv_caches_as_llama_cpp(memory, arch: str | dict, layers: dict[str, list[int]]) -> None:
     """The global cache and the sliding-window ring hold K and V for these layers
-    (by kind), in llama.cpp's cells and MiB."""
-    caches = llama_cpp_kv_caches(arch)
+    (by kind), in llama.cpp's cells and MiB (arch's, or these caches of kv_caches_in_log)."""
+    caches = llama_cpp_kv_caches(arch) if isinstance(arch, str) else arch
     for kind, cache in (("non-SWA", memory.kv), ("SWA", memory.swa)):
         mib, cells, n_layers, k_mib, v_mib = caches[kind]
         assert [il for il, t in enumerate(cache.k) if t is not None] == layers[kind]

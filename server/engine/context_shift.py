@@ -7,7 +7,8 @@ follow the kept ones, their keys re-rotated to their new positions. As llama-ser
 does it (tools/server/server-context.cpp, pre_decode: n_left = n_past - n_keep,
 n_discard = n_left / 2, seq_rm then seq_add), so generation goes on past the
 context with llama-server's tokens. Only for memory that can move (no recurrent
-state, no M-RoPE, no images: llama-server turns it off with a projector).
+state, no sliding-window ring smaller than the cache, no M-RoPE, no images: llama-server
+turns it off for those).
 """
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from ggserve.server.engine.sequence import Sequence
 
 
 def supported(model, memory, vision) -> bool:
-    return hasattr(model, "shift_k") and memory.recurrent is None and vision is None \
-        and getattr(model, "n_pos", 1) == 1
+    return hasattr(model, "shift_k") and memory.can_shift and vision is None and getattr(model, "n_pos", 1) == 1
 
 
 def discard(n_past: int, n_ctx: int, n_keep: int) -> tuple[int, int]:

@@ -137,13 +137,20 @@ class Memory:
             self.kv.seq_cp(src, dst, 0, pos)     # no room to copy (or not one cell per position): share
         return True
 
+    @property
+    def can_shift(self) -> bool:
+        """Can positions move? Not in a sliding-window ring smaller than the cache: llama.cpp's
+        iSWA cache shifts only when both caches have one size (llama-kv-cache-iswa.cpp
+        get_can_shift; --swa-full), and llama-server then turns --context-shift off."""
+        return self.recurrent is None and (self.swa is None or self.swa.size == self.kv.size)
+
     def context_shift(self, seq: int, n_keep: int, n_discard: int, n_past: int, model) -> bool:
         """seq drops its tokens n_keep .. n_keep + n_discard and the n_past - n_keep -
         n_discard after them move back to follow the kept ones, keys re-rotated
         (llama-server's context shift: seq_rm, seq_add). False (nothing done) where
-        memory cannot: a recurrent state, M-RoPE, or cells shared with another sequence.
-        A sliding-window ring shifts as the main cache (llama.cpp's iSWA cache does both)."""
-        if self.recurrent is not None or not self.kv.owns(seq, n_keep):
+        memory cannot: a recurrent state, M-RoPE, a ring (can_shift), or cells shared
+        with another sequence."""
+        if self.recurrent is not None or not self.can_shift or not self.kv.owns(seq, n_keep):
             return False
         for cache in (self.kv, self.swa) if self.swa is not None else (self.kv,):
             cache.seq_rm(seq, n_keep, n_keep + n_discard)
