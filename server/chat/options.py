@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ggserve.models.chat_template import ChatTemplate
-from ggserve.server.chat import output as co
+from ggserve.server.chat import autoparse, output as co
 from ggserve.server.chat.grammar import COMPILE_TIMEOUT, COMPILE_WORKERS, GrammarError, Grammars
 from ggserve.server.chat.tools.grammar import tool_call_lark
 from ggserve.server.request_errors import InvalidOption
@@ -44,8 +44,13 @@ class ChatOptions:
         generated text (the message starts with it), reasoning not extracted
         (server-common.cpp: a prefill sets reasoning_format none)."""
         fmt = self.syntax or co.Format()
+        reasoning = self.reasoning and not prefill
+        if fmt.autoparse is not None:
+            opened = autoparse.opened(prompt_text, *fmt.autoparse) if reasoning else ""
+            return functools.partial(co.ChatOutput, fmt, reasoning=reasoning, tools=self.fmt is not None,
+                                     prefill=prefill, opened=opened)
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
-        return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning and not prefill,
+        return functools.partial(co.ChatOutput, fmt, reasoning=reasoning,
                                  tools=self.fmt is not None, open_think=open_think, prefill=prefill)
 
 
@@ -66,8 +71,10 @@ def _tool_names(tools: list) -> list[str]:
 RESERVED_TEMPLATE_VARS = frozenset(inspect.signature(ChatTemplate.render).parameters) - {"self", "extra"}
 
 
-def chat_options(req, cfg, template_source: str) -> ChatOptions:
-    """Check the request's tool, format and reasoning fields (400s name the field)."""
+def chat_options(req, cfg, template) -> ChatOptions:
+    """Check the request's tool, format and reasoning fields (400s name the field).
+    template: the model's ChatTemplate (or only its source text)."""
+    template_source = getattr(template, "source", template) or ""
     reserved = sorted(RESERVED_TEMPLATE_VARS & set(req.chat_template_kwargs or {}))
     if reserved:
         raise InvalidOption(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets "
@@ -86,11 +93,26 @@ def chat_options(req, cfg, template_source: str) -> ChatOptions:
     opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
                        parallel=req.parallel_tool_calls and not isinstance(choice, dict))
     opts.syntax = co.detect(template_source)(tools)
-    opts.syntax.reasoning_template = bool(opts.syntax.think[0]) and opts.syntax.think[0] in template_source
+    _reasoning_syntax(opts.syntax, template)
     if tools:
         opts.fmt = opts.syntax
     _constrain(opts, req, cfg, forced)
     return opts
+
+
+def _reasoning_syntax(syntax: co.Format, template) -> None:
+    """Where the output's reasoning is: for a template llama.cpp parses with its autoparser
+    (no handler of its own), the reasoning markers its analysis found in the template
+    (models/template_reasoning.py; none: no reasoning is split off); else the format's tags."""
+    markers = getattr(template, "reasoning", None)
+    if markers is None or getattr(template, "family", None) is not None or type(syntax).think != co.Format.think:
+        source = getattr(template, "source", template) or ""
+        syntax.reasoning_template = bool(syntax.think[0]) and syntax.think[0] in source
+        return
+    syntax.think = (markers.start.strip(" \t\r\n"), markers.end.strip(" \t\r\n")) if markers.supported else ("", "")
+    syntax.reasoning_template = markers.supported
+    if markers.supported:
+        syntax.autoparse = (markers.start, markers.end)
 
 
 def _forced_tools(choice, tools: list | None, names: list[str]) -> list[str]:

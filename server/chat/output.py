@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from ggserve.server.chat import autoparse
 from ggserve.server.chat.json_scan import Malformed, skip_ws
 from ggserve.server.chat.tools.formats import (  # noqa: F401
     DeepSeekR1,
@@ -70,6 +71,15 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
     """A whole output (or, partial, the part generated so far) -> Parsed."""
     if isinstance(fmt, Harmony):
         return fmt.parse(text, partial, reasoning, tools)
+    if fmt.autoparse is not None and reasoning:
+        r, rest = autoparse.split(text, *fmt.autoparse, partial)
+        if not tools:
+            return Parsed(r, rest)
+        try:
+            content, calls = fmt.split_calls(rest, partial)
+        except Malformed:
+            return Parsed(r, "" if partial else rest)
+        return Parsed(r, content, calls)
     lstrip = fmt.lstrip_open_reasoning if open_think else fmt.lstrip_reasoning
     r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning) \
         if reasoning else ("", text)
@@ -103,10 +113,12 @@ class ChatOutput:
     """One choice's streamed text -> deltas in OpenAI's shape (see the module doc)."""
 
     def __init__(self, fmt: Format, *, reasoning: bool = True, tools: bool = True,
-                 open_think: bool = False, prefill: str = ""):
+                 open_think: bool = False, prefill: str = "", opened: str = ""):
         self.fmt = fmt
         self.opts = dict(reasoning=reasoning, tools=tools, open_think=open_think)
-        self.text = prefill               # a continued assistant message: parsed with what follows
+        # a continued assistant message, or the reasoning the prompt opened (autoparse.opened):
+        # parsed with what follows
+        self.text = prefill + opened
         self.reasoning = ""
         self.content = ""
         self.calls: list[dict] = []      # OpenAI tool_calls, as emitted so far

@@ -47,7 +47,7 @@ def template_caps(template) -> dict[str, bool]:
              "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}}}}]
     user = [{"role": "user", "content": "u"}]
     obj = shows("ARG_MARK", calls(call("CALL_A", {"arg": "ARG_MARK"})), tool)
-    return {
+    found = {
         "supports_object_arguments": obj,
         "supports_parallel_tool_calls": shows("CALL_B", calls(call("CALL_A", {"arg": "x"}),
                                                               call("CALL_B", {"arg": "y"})), tool),
@@ -60,6 +60,12 @@ def template_caps(template) -> dict[str, bool]:
         "supports_tools": shows("TOOL_MARK", user, tool),
         "supports_typed_content": bool(template.supports_typed_content),
     }
+    caps = getattr(template, "caps", None)
+    if caps is not None:    # found as llama.cpp's jinja finds them (models/template_caps.py)
+        found.update(supports_object_arguments=caps.object_arguments, supports_system_role=caps.system_role,
+                     supports_tool_calls=caps.tool_calls, supports_tools=caps.tools,
+                     supports_string_content=bool(template.supports_string_content))
+    return found
 
 
 def props(api) -> dict:

@@ -109,7 +109,7 @@ async def chat_prompt(api: API, req: S.ChatCompletionRequest, opts: ChatOptions)
 
 async def request_prompt(api: API, req: S.ChatCompletionRequest) -> Prompt:
     """The prompt a chat request would run, not run (/apply-template, token counts)."""
-    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
+    opts = chat_options(req, api.cfg, getattr(api.engine, "chat_template", None))
     return await chat_prompt(api, req, opts)
 
 
@@ -166,7 +166,7 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest, *, salt: str) -> J
     api.check_n(req.n)
     if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
         req.logprobs, req.top_logprobs = True, req.n_probs
-    opts = chat_options(req, api.cfg, getattr(api.engine.chat_template, "source", ""))
+    opts = chat_options(req, api.cfg, getattr(api.engine, "chat_template", None))
     grammar = await compile_grammar_async(api.grammars, opts, api.limits.grammar_timeout)
     prompt = await chat_prompt(api, req, opts)
     n_probs = max(req.top_logprobs or 0, 1) if req.logprobs else 0

