@@ -158,9 +158,8 @@ class ChatTemplate:
         self.family = family(source)   # a family llama.cpp renders with a handler of its own
         self.thinking = self.reasoning.supported if self.family is None or self.family.thinking is None \
             else self.family.thinking
-        # Ministral 3 / Magistral (llama.cpp common/chat.cpp picks its ministral_3 handler by these markers)
-        self._ministral3 = all(m in source for m in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) \
-            and "[CALL_ID]" not in source
+        # Ministral 3 / Magistral: its handler writes typed system/assistant content (below)
+        self._ministral3 = self.family is not None and self.family.name == "ministral_3"
 
     @classmethod
     def from_metadata(cls, meta: dict, add_bos: bool = False) -> "ChatTemplate":
