@@ -88,45 +88,55 @@ def test_real_stack_factors_serve_the_rows_the_graph_makes(name, rows):
         e.close()
 
 
-MUSIC_FLAMINGO = SA.pathlib.Path(__file__).parent / "data" / "audio" / "music_flamingo"
+MORE = SA.pathlib.Path(__file__).parent / "data" / "audio"       # families beyond the synth-audio set
+FOLDERS = {"musicflamingo": "music_flamingo", "glma": "glma"}
 # The CPU llama-server that recorded these (AVX512-VNNI) is not the golden's (AVX2) build: its logprobs on
-# the golden's own qwen2a file differ from the golden's by up to 0.24 (control_qwen2a.json), where ggserve's
-# equal the golden's; so greedy tokens are compared up to the first near tie, and logprobs within that.
+# the golden's own qwen2a file differ from the golden's by up to 0.24 (music_flamingo/control_qwen2a.json),
+# where ggserve's equal the golden's; so greedy tokens are compared up to the first near tie, and logprobs
+# within BUILD_TOL there.
 BUILD_TOL = 0.3
 
 
 @pytest.fixture(scope="module")
-def music_flamingo_mmproj(tmp_path_factory):
-    """The synthetic file, made as it was made for the recording (the same bytes)."""
+def family_mmproj(tmp_path_factory):
+    """family -> its synthetic file, made as it was made for the recording (the same bytes)."""
     import hashlib
     import sys
-    sys.path.insert(0, str(MUSIC_FLAMINGO.parent))
-    import make_music_flamingo
-    path = tmp_path_factory.mktemp("musicflamingo") / "mmproj-synth-music_flamingo-f16.gguf"
-    make_music_flamingo.write_mmproj(str(path))
-    want = SA.json.loads((MUSIC_FLAMINGO / "answers.json").read_text())["mmproj_sha256"]
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == want
-    return str(path)
+    sys.path.insert(0, str(MORE))
+    import make_audio_family
+
+    def make(family):
+        path = tmp_path_factory.mktemp(family) / f"mmproj-synth-{family}-f16.gguf"
+        make_audio_family.write_mmproj(str(path), family)
+        want = SA.json.loads((MORE / FOLDERS[family] / "answers.json").read_text())["mmproj_sha256"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == want
+        return str(path)
+    return make
 
 
-def _recorded(name: str, audio: str) -> dict:
-    gold = next(r for r in SA.json.loads((MUSIC_FLAMINGO / name).read_text())["results"] if r["audio"] == audio)
+def _recorded(path, audio: str, rows: int) -> dict:
+    gold = next(r for r in SA.json.loads(path.read_text())["results"] if r["audio"] == audio)
     case = dict(SA.case("qwen2a", audio), prompt_tokens=gold["prompt_tokens"], generated_ids=gold["generated_ids"],
                 steps=[dict(s, probs_available=True) for s in gold["steps"]])
-    case["media_chunks_from_server_log"] = [{"n_tokens": 750}] * (2 if audio.startswith("long") else 1)
+    case["media_chunks_from_server_log"] = [{"n_tokens": rows}] * (2 if audio.startswith("long") else 1)
     return case
 
 
-@pytest.mark.parametrize("audio", ["tone_16k_mono_1s.wav",
-                                   *(pytest.param(a, marks=pytest.mark.slow)
-                                     for a in ("speech_espeak_22k_mono_64k.mp3", "long_16k_mono_35s.wav"))])
-def test_music_flamingo_answers_as_llama_server(audio, monkeypatch, music_flamingo_mmproj):
-    """A family beyond the synth-audio set, on a synthetic file made and answered as
-    tests/data/audio/make_music_flamingo.py says (llama-server 11434, CPU)."""
+def _more_cases():
+    for family, rows in (("musicflamingo", 750), ("glma", 377)):
+        for audio in ("tone_16k_mono_1s.wav", "speech_espeak_22k_mono_64k.mp3", "long_16k_mono_35s.wav"):
+            slow = audio != "tone_16k_mono_1s.wav"
+            yield pytest.param(family, audio, rows, id=f"{family}-{audio}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("family, audio, rows", list(_more_cases()))
+def test_more_families_answer_as_llama_server(family, audio, rows, monkeypatch, family_mmproj):
+    """Families beyond the synth-audio set, on synthetic files made and answered as
+    tests/data/audio/make_audio_family.py says (llama-server 11434, CPU)."""
     monkeypatch.setattr(SA, "LOGPROB_TOL", BUILD_TOL)
-    e = SA.engine("qwen2a", mmproj=music_flamingo_mmproj)
+    e = SA.engine("qwen2a", mmproj=family_mmproj(family))
     try:
-        check_case(e, _recorded("answers.json", audio))
+        check_case(e, _recorded(MORE / FOLDERS[family] / "answers.json", audio, rows))
     finally:
         e.close()
 
@@ -135,7 +145,7 @@ def test_music_flamingo_answers_as_llama_server(audio, monkeypatch, music_flamin
 def test_the_recording_builds_logprobs_differ_from_the_goldens_build(engines):
     """The control for BUILD_TOL: on the golden's qwen2a file, the recording build's answer
     differs from ggserve's (equal to the golden's) by more than 0.01 and less than BUILD_TOL."""
-    case = _recorded("control_qwen2a.json", "tone_16k_mono_1s.wav")
+    case = _recorded(MORE / "music_flamingo" / "control_qwen2a.json", "tone_16k_mono_1s.wav", 750)
     with pytest.raises(AssertionError):
         check_case(engines("qwen2a"), case)
     SA.LOGPROB_TOL, saved = BUILD_TOL, SA.LOGPROB_TOL

@@ -47,7 +47,8 @@ def read_config(meta: dict, path: str, supported: tuple[str, ...]) -> AudioConfi
     proj = projector_type(meta)
     if proj not in supported:
         raise ModelError(f"{path}: unsupported audio projector type {proj!r} (supported: {', '.join(supported)})")
-    stack = _u32(meta, "clip.audio.projector.stack_factor", path, 0 if proj not in ("ultravox", "voxtral") else None)
+    stacked = ("ultravox", "voxtral", "glma")     # the stack factor is required (clip.cpp require_stack)
+    stack = _u32(meta, "clip.audio.projector.stack_factor", path, 0 if proj not in stacked else None)
     cfg = AudioConfig(
         projector=proj,
         n_mel=_u32(meta, "clip.audio.num_mel_bins", path),
@@ -63,6 +64,6 @@ def read_config(meta: dict, path: str, supported: tuple[str, ...]) -> AudioConfi
         raise ModelError(f"{path}: audio embedding length {cfg.n_embd} is not divisible by {cfg.n_head} heads")
     if cfg.n_layer <= 0:
         raise ModelError(f"{path}: the audio encoder has no blocks")
-    if proj in ("ultravox", "voxtral") and stack <= 0:
+    if proj in stacked and stack <= 0:
         raise ModelError(f"{path}: {proj} needs clip.audio.projector.stack_factor > 0")
     return cfg

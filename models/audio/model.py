@@ -85,7 +85,7 @@ class AudioModel:
             raise ModelError(str(e) if path in str(e) else f"{path}: {e}") from None
         cfg = read_config(gguf.metadata, path, supported())
         device = device if device is not None else backend.devices[0]
-        names = [n for n in gguf.tensors if n.startswith(("a.", "mm.a."))]
+        names = [n for n in gguf.tensors if n.startswith(("a.", "mm.a.")) or n in ("v.boi", "v.eoi")]   # glma
         try:
             buffers = backend.load_weights(gguf, {n: device for n in names})
         except ggml.GGMLError as e:

@@ -1,4 +1,4 @@
-"""Whisper-encoder families: Ultravox, Voxtral, Qwen2-Audio (qwen2a / qwen2.5o), Music Flamingo.
+"""Whisper-encoder families: Ultravox, Voxtral, Qwen2-Audio (qwen2a / qwen2.5o), Music Flamingo, GLM-ASR (glma).
 
 ref: llama.cpp tools/mtmd/models/whisper-enc.cpp, clip.cpp (build_vit, build_stack,
 clip_n_output_tokens), mtmd.cpp (init_audio: the wrapper text).
@@ -13,6 +13,8 @@ One 3000-frame log-mel chunk [n_mel, 3000] ->
      voxtral   mlp.1 -> GELU-erf -> mlp.2
      qwen2a    fc (+b)
      musicflamingo  mlp.1 (+b) -> GELU-erf -> mlp.2 (+b)
+     glma      LayerNorm (norm_pre) -> stack -> mlp.1 (+b) -> GELU-erf -> mlp.2 (+b), between the learned
+               rows v.boi and v.eoi
 
 Tokens per chunk are the graph's rows: llama.cpp 11434 counts ultravox/voxtral rows
 from the mel frames aligned to the stack factor (3000/8/2 = 187 for Ultravox's real
@@ -28,11 +30,11 @@ from ggserve.models.audio.mel import whisper_chunks
 from ggserve.models.vision import vit
 from ggserve.native import ggml
 
-FAMILIES = ("ultravox", "voxtral", "qwen2a", "musicflamingo")
+FAMILIES = ("ultravox", "voxtral", "qwen2a", "musicflamingo", "glma")
 AVG_POOL = ("voxtral", "qwen2a", "musicflamingo")
 STACKED = ("ultravox", "voxtral")
 WRAPPERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", ""),
-            "musicflamingo": ("<sound>", "")}
+            "musicflamingo": ("<sound>", ""), "glma": ("", "")}
 N_FRAMES = 3000
 
 
@@ -57,13 +59,19 @@ class WhisperEncoder:
             self.norm_mid = w.get("mm.a.norm_mid.weight", (self.mlp1.ne[1] // 2,))
             self.mlp2 = w.get("mm.a.mlp.2.weight", (self.mlp1.ne[1] // 2,))
             self.n_embd_out = self.mlp2.ne[1]
-        elif p in ("voxtral", "musicflamingo"):
-            biases = p == "musicflamingo"
+        elif p in ("voxtral", "musicflamingo", "glma"):
+            biases = p != "voxtral"
+            if p == "glma":
+                self.norm_pre = (w.get("mm.a.norm_pre.weight", (e,)), w.get("mm.a.norm_pre.bias", (e,)))
+                e_in = e * cfg.stack_factor
             self.mlp1 = w.get("mm.a.mlp.1.weight", (e_in,))
             self.mlp1_b = w.get("mm.a.mlp.1.bias", (self.mlp1.ne[1],), required=biases)
             self.mlp2 = w.get("mm.a.mlp.2.weight", (self.mlp1.ne[1],))
             self.mlp2_b = w.get("mm.a.mlp.2.bias", (self.mlp2.ne[1],), required=biases)
             self.n_embd_out = self.mlp2.ne[1]
+            if p == "glma":
+                self.boi = w.get("v.boi", (self.n_embd_out, 1))
+                self.eoi = w.get("v.eoi", (self.n_embd_out, 1))
         else:
             self.fc = w.get("mm.a.fc.weight", (e,))
             self.fc_b = w.get("mm.a.fc.bias", (self.fc.ne[1],))
@@ -82,9 +90,9 @@ class WhisperEncoder:
         n = n_frames // 2
         if self.cfg.projector in AVG_POOL:
             n //= 2
-        if self.cfg.projector in STACKED:
+        if self.cfg.projector in STACKED or self.cfg.projector == "glma":
             n = -(-n // self.cfg.stack_factor)
-        return n
+        return n + 2 if self.cfg.projector == "glma" else n
 
     def build(self, g, n_frames: int = N_FRAMES):
         """One chunk's graph -> (inp_raw f32 [n_frames, n_mel], output [n_embd_out, n_tokens], {})."""
@@ -119,9 +127,12 @@ class WhisperEncoder:
             x = g.swiglu(second, first)
             x = g.mul(g.rms_norm(x, 1e-6), self.norm_mid)
             return g.mul_mat(self.mlp2, x)
-        if p in ("voxtral", "musicflamingo"):
+        if p == "glma":
+            x = _stack(g, vit.norm(g, x, self.norm_pre[0], self.norm_pre[1], self.cfg.eps), self.cfg.stack_factor)
+        if p in ("voxtral", "musicflamingo", "glma"):
             x = g.gelu_erf(vit.add(g, g.mul_mat(self.mlp1, x), self.mlp1_b))
-            return vit.add(g, g.mul_mat(self.mlp2, x), self.mlp2_b)
+            x = vit.add(g, g.mul_mat(self.mlp2, x), self.mlp2_b)
+            return g.concat(g.concat(self.boi, x, 1), self.eoi, 1) if p == "glma" else x
         return g.add(g.mul_mat(self.fc, x), self.fc_b)
 
 

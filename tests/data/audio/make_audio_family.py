@@ -1,19 +1,20 @@
-"""A synthetic Music Flamingo audio mmproj (`clip.projector_type=musicflamingo`) and llama-server's
-answers on it: tests/test_audio_synth.py's golden for a family beyond the synth-audio set.
+"""Synthetic audio mmproj files of families beyond the synth-audio set, and llama-server's answers
+on them: tests/test_audio_synth.py's goldens for Music Flamingo (`musicflamingo`) and GLM-ASR (`glma`).
 
-    python tests/data/audio/make_music_flamingo.py mmproj OUT.gguf     (the tests make it in a temp dir)
-    python tests/data/audio/make_music_flamingo.py record LLAMA_SERVER OUT.gguf answers.json
+    python tests/data/audio/make_audio_family.py mmproj FAMILY OUT.gguf     (the tests make it in a temp dir)
+    python tests/data/audio/make_audio_family.py record LLAMA_SERVER OUT.gguf answers.json
 
 `mmproj`: the synth-audio generator's Whisper encoder (../shared/golden/tools/make_synth_audio.py,
-same per-tensor seeding, same sizes as its qwen2a file) with Music Flamingo's projector:
-mm.a.mlp.1 (+b) -> GELU-erf -> mm.a.mlp.2 (+b), after the encoder's 2x average pool.
+same per-tensor seeding, same sizes as its qwen2a file) with the family's projector:
+musicflamingo: mm.a.mlp.1 (+b) -> GELU-erf -> mm.a.mlp.2 (+b), after the encoder's 2x average pool;
+glma: mm.a.norm_pre (LayerNorm) -> 4 frames stacked -> mm.a.mlp.1 (+b) -> GELU-erf -> mm.a.mlp.2 (+b),
+between the learned rows v.boi and v.eoi.
 `record`: llama-server -m synth-llama-smolvocab-audio.gguf --mmproj OUT.gguf -t 2 -c 4096 -np 1, and the
 synth-audio golden's chat request (its request defaults, "Describe this audio.", max_tokens 16,
 top_logprobs 5) for each clip named below: prompt tokens, generated ids and the top-5 logprobs.
 """
 import base64
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -22,24 +23,34 @@ import time
 GOLDEN = pathlib.Path(__file__).resolve().parents[4] / "shared" / "golden"
 SYNTH = GOLDEN / "synth-audio"
 CLIPS = ["tone_16k_mono_1s.wav", "speech_espeak_22k_mono_64k.mp3", "long_16k_mono_35s.wav"]
-CFG = dict(projector_type="musicflamingo", n_mel=128, n_embd=64, n_head=2, n_ff=128, n_layer=2, eps=1e-5,
-           proj_hidden=128)
+BASE = dict(n_mel=128, n_embd=64, n_head=2, n_ff=128, n_layer=2, eps=1e-5, proj_hidden=128)
+CFGS = {"musicflamingo": dict(BASE, projector_type="musicflamingo"),
+        "glma": dict(BASE, projector_type="glma", stack_factor=4)}
+KEYS = {"musicflamingo": "music_flamingo", "glma": "glma"}      # the tensors' seed key
 
 
-def write_mmproj(path):
+def write_mmproj(path, family="musicflamingo"):
     sys.path.insert(0, str(GOLDEN / "tools"))
     import make_synth_audio as A
     import numpy as np
 
+    cfg = CFGS[family]
     w = A.GGUFWriter(path, arch="clip")
-    t = A.Tensors("music_flamingo")
-    E, H, T = CFG["n_embd"], CFG["proj_hidden"], 64
-    A.whisper_encoder(t, CFG)
-    t.normal("mm.a.mlp.1.weight", (H, E), std=1 / np.sqrt(E))
+    t = A.Tensors(KEYS[family])
+    E, H, T = cfg["n_embd"], cfg["proj_hidden"], 64
+    A.whisper_encoder(t, cfg)
+    E_in = E * cfg.get("stack_factor", 1)
+    if family == "glma":
+        t.norm("mm.a.norm_pre.weight", E)
+        t.bias("mm.a.norm_pre.bias", E)
+    t.normal("mm.a.mlp.1.weight", (H, E_in), std=1 / np.sqrt(E_in))
     t.bias("mm.a.mlp.1.bias", H)
     t.normal("mm.a.mlp.2.weight", (T, H), std=A.TARGET_RMS / (0.65 * np.sqrt(H)))
     t.bias("mm.a.mlp.2.bias", T, std=0.005)
-    A.audio_header(w, "music_flamingo", CFG, T)
+    if family == "glma":
+        t.normal("v.boi", (1, T), std=A.TARGET_RMS, kind="f32")
+        t.normal("v.eoi", (1, T), std=A.TARGET_RMS, kind="f32")
+    A.audio_header(w, KEYS[family], cfg, T)
     A.write_tensors(w, t)
     A.finish(w)
 
@@ -75,7 +86,7 @@ def record(server_bin, mmproj, out):
                             "generated_ids": [s["id"] for s in steps], "steps": steps})
         import hashlib
         sha = hashlib.sha256(pathlib.Path(mmproj).read_bytes()).hexdigest()
-        pathlib.Path(out).write_text(json.dumps({"made_by": "tests/data/audio/make_music_flamingo.py record",
+        pathlib.Path(out).write_text(json.dumps({"made_by": "tests/data/audio/make_audio_family.py record",
                                                  "mmproj_sha256": sha, "server_command": " ".join(cmd[1:]),
                                                  "results": results}, indent=1))
     finally:
@@ -85,6 +96,6 @@ def record(server_bin, mmproj, out):
 
 if __name__ == "__main__":
     if sys.argv[1] == "mmproj":
-        write_mmproj(sys.argv[2])
+        write_mmproj(sys.argv[3], sys.argv[2])
     else:
         record(sys.argv[2], sys.argv[3], sys.argv[4])
