@@ -59,6 +59,13 @@ def test_chat_streamed_joins_to_the_same_answer(client):
     assert "".join(p.message.content for p in parts) == whole and len(parts) > 2
 
 
+def test_format_schema_constrains_the_answer(client):
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}},
+              "required": ["colour"]}
+    got = client.chat(model="smollm2", messages=HELLO, format=schema, options={"temperature": 0, "num_predict": 24})
+    assert json.loads(got.message.content)["colour"] in ("red", "blue")
+
+
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_raw_generate_gives_llama_cpp_greedy_tokens_and_the_context(client, model):
     golden = GOLDEN[model][0]

@@ -6,7 +6,9 @@ against llama-server's greedy tokens (tests/data/completions.json)."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -132,3 +134,36 @@ def test_a_preset_with_an_unknown_key_stops_the_server_naming_it(tmp_path):
     run = subprocess.run([sys.executable, "-m", "ggserve.server.cli.main", "serve", "--models-preset", str(ini)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 1 and "[small] ctx-sise: unknown key 'ctx-sise'" in run.stderr
+
+
+def test_a_messages_request_for_an_unknown_model_errs_in_anthropics_shape(one_at_a_time):
+    r = httpx.post(one_at_a_time.url + "/v1/messages", json={
+        "model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400
+    assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": "model 'claude-x' not found"}}
+
+
+def test_a_crashed_model_fails_alone_and_loads_again(one_at_a_time):
+    url = one_at_a_time.url
+    assert greedy(url, "smollm2") == GOLDEN["smollm2"][0]["generated_ids"][:N]
+    (pid,) = children()
+    os.kill(pid, signal.SIGKILL)                   # a native fault would end it the same way
+    wait_status(url, "smollm2", "failed")
+    model = next(m for m in httpx.get(url + "/models").json()["data"] if m["id"] == "smollm2")
+    assert model["status"]["exit_code"] == -signal.SIGKILL and "process ended" in model["status"]["reason"]
+    assert greedy(url, "smollm2") == GOLDEN["smollm2"][0]["generated_ids"][:N]   # the next request loads it again
+
+
+def test_a_folder_model_takes_its_mmproj_and_first_shard(tmp_path):
+    from ggserve.server.router.catalog import scan_models_dir
+
+    (tmp_path / "vision").mkdir()
+    for name in ("vision/model-Q4_K_M.gguf", "vision/mmproj-model-f16.gguf", "split/big-00001-of-00002.gguf",
+                 "split/big-00002-of-00002.gguf", "solo.gguf", "mmproj-solo.gguf", "notes.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"GGUF")
+    specs = {s.id: s.args for s in scan_models_dir(str(tmp_path))}
+    assert specs == {"vision": ["-m", str(tmp_path / "vision/model-Q4_K_M.gguf"),
+                                "--mmproj", str(tmp_path / "vision/mmproj-model-f16.gguf")],
+                     "split": ["-m", str(tmp_path / "split/big-00001-of-00002.gguf")],
+                     "solo": ["-m", str(tmp_path / "solo.gguf")]}

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ggserve.server.api.anthropic.items import error_response as anthropic_error
 from ggserve.server.api.cors import CORS
 from ggserve.server.api.errors import APIError, exception_handlers
 from ggserve.server.api.limits import key_matches
@@ -120,7 +121,16 @@ class RouterAPI:
     # -- endpoints ---------------------------------------------------------------------
 
     async def forward(self, request: Request) -> Response:
-        """Any endpoint of the model the request names."""
+        """Any endpoint of the model the request names; the router's errors in the shape of the
+        API asked (Anthropic's for /v1/messages, OpenAI's otherwise)."""
+        try:
+            return await self._forward(request)
+        except APIError as e:
+            if request.url.path.startswith("/v1/messages"):
+                return anthropic_error(e)
+            raise
+
+    async def _forward(self, request: Request) -> Response:
         if request.method in ("GET", "HEAD", "DELETE"):
             raw, name = b"", request.query_params.get("model")
         else:

@@ -17,7 +17,8 @@ _DROP_RESPONSE = {"content-length", "connection", "transfer-encoding", "keep-ali
 
 class Proxy:
     def __init__(self):
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # no idle connection kept to a child: its shutdown would wait for it
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits)
 
     async def close(self) -> None:
