@@ -226,3 +226,18 @@ def test_native_completion_with_more_media_than_markers_is_a_400(server):
     r = httpx.post(server.url + "/completion", timeout=60, json={"n_predict": 1, "prompt": {
         "prompt_string": "no marker here", "multimodal_data": [b64("tone_16k_mono_1s.wav")]}})
     assert r.status_code == 400 and "marker" in r.json()["error"]["message"]
+
+
+def test_audio_over_audio_max_bytes_is_a_400_everywhere():
+    """--audio-max-bytes, by a server whose limit is below the clip (32,044 bytes)."""
+    cfg = ServerConfig(model=str(SA.TEXT_MODEL), mmproj=SA.mmproj("ultravox"), n_ctx=4096, n_parallel=1,
+                       n_threads=2, media=MediaConfig(audio_max_bytes=30_000))
+    with RunningServer(create_app(cfg)) as srv:
+        chat = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": [audio_part("tone_16k_mono_1s.wav")]}], "max_tokens": 1})
+        asr = httpx.post(srv.url + "/v1/audio/transcriptions", data={"model": "x"}, timeout=60,
+                         files={"file": ("a.wav", SA.clip_bytes("tone_16k_mono_1s.wav"), "audio/wav")})
+        native = httpx.post(srv.url + "/completion", timeout=60, json={"n_predict": 1, "prompt": {
+            "prompt_string": "<__media__>", "multimodal_data": [b64("tone_16k_mono_1s.wav")]}})
+        for r in (chat, asr, native):
+            assert r.status_code == 400 and "--audio-max-bytes" in r.json()["error"]["message"]

@@ -66,6 +66,7 @@ class MediaConfig:
     allowed_domains: list[str] | None = None   # if set, only these hosts (and their subdomains)
     allow_private: bool = False          # loopback/private/link-local/... addresses allowed
     audio_max_seconds: float = 1800.0    # longest input_audio clip (--audio-max-seconds)
+    audio_max_bytes: int = 48 * 2**20      # largest encoded clip (--audio-max-bytes): base64 in a 64 MiB body
 
 
 class MediaError(ValueError):

@@ -54,8 +54,8 @@ def audio_bytes(part: dict, max_bytes: int, param: str) -> bytes:
         raise invalid("input_audio needs `data`: the base64-encoded audio file.", param=param, code="invalid_audio")
     b64 = "".join(data.split())
     if len(b64) // 4 * 3 > max_bytes + 3:
-        raise invalid(f"Audio is about {len(b64) // 4 * 3} bytes, more than the limit of {max_bytes}.",
-                      param=param, code="audio_too_large")
+        raise invalid(f"Audio is about {len(b64) // 4 * 3} bytes, more than the limit of {max_bytes} "
+                      "(--audio-max-bytes).", param=param, code="audio_too_large")
     try:
         return base64.b64decode(b64 + "=" * (-len(b64) % 4), validate=True)
     except (binascii.Error, ValueError):
@@ -66,12 +66,15 @@ def load_audio(part, config, rate: int, param: str) -> tuple[str, Clip]:
     """An input_audio part -> (sha256 of its bytes, the decoded clip). APIError (400) if bad."""
     if not isinstance(part, dict):
         raise invalid("input_audio must be an object with `data` and `format`.", param=param, code="invalid_audio")
-    data = audio_bytes(part, config.max_bytes, param)
+    data = audio_bytes(part, config.audio_max_bytes, param)
     return hashlib.sha256(data).hexdigest(), decode_clip(data, config, rate, param)
 
 
 def decode_clip(data: bytes, config, rate: int, param: str) -> Clip:
-    """Encoded audio bytes -> Clip, within --audio-max-seconds."""
+    """Encoded audio bytes -> Clip, within --audio-max-bytes and --audio-max-seconds."""
+    if len(data) > config.audio_max_bytes:
+        raise invalid(f"Audio is {len(data)} bytes, more than the limit of {config.audio_max_bytes} "
+                      "(--audio-max-bytes).", param=param, code="audio_too_large")
     if sniff(data) is None:
         raise invalid("The audio is not a WAV, MP3 or FLAC file.", param=param, code="invalid_audio")
     try:

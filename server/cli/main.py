@@ -217,7 +217,8 @@ def _media_config(args):
         fetch_enabled=not args.no_image_fetch, fetch_timeout=args.image_fetch_timeout,
         allowed_domains=[d.strip() for d in args.allowed_media_domains.split(",") if d.strip()]
         if args.allowed_media_domains else None,
-        allow_private=bool(args.allow_private_media), audio_max_seconds=args.audio_max_seconds)
+        allow_private=bool(args.allow_private_media), audio_max_seconds=args.audio_max_seconds,
+        audio_max_bytes=args.audio_max_bytes)
 
 
 def serve(argv: list[str]) -> int:

@@ -71,6 +71,8 @@ def add_image_input_flags(p) -> None:
           help="allow image URLs on loopback/private addresses")
     _flag(p, "--audio-max-seconds", env="GGSERVE_AUDIO_MAX_SECONDS", type=float, default=1800.0,
           metavar="SECONDS", help="longest audio clip accepted (input_audio, /v1/audio/transcriptions)")
+    _flag(p, "--audio-max-bytes", env="GGSERVE_AUDIO_MAX_BYTES", type=int, default=48 * 2**20, metavar="N",
+          help="largest encoded audio file accepted (input_audio, /completion, /v1/audio/transcriptions)")
 
 
 def add_context_flags(p) -> None:

@@ -51,10 +51,11 @@ async def form_fields(api: API, request: Request) -> tuple[bytes, dict[str, str]
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise invalid("No input file found for transcription", param="file")
-    data = await upload.read(api.media.max_bytes + 1)
-    if len(data) > api.media.max_bytes:
-        raise invalid(f"The audio file is larger than the limit of {api.media.max_bytes} bytes.", param="file",
-                      code="audio_too_large")
+    limit = api.media.audio_max_bytes
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise invalid(f"The audio file is larger than the limit of {limit} bytes (--audio-max-bytes).",
+                      param="file", code="audio_too_large")
     return data, {k: v for k, v in form.items() if isinstance(v, str)}
 
 
