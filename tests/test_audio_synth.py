@@ -163,3 +163,38 @@ def test_memory_report_counts_the_audio_encoder(engines):
     mib = e.loaded.audio.nbytes / 2**20
     assert f"audio (ultravox): weights {mib:.1f} MiB" in report
     assert e.loaded.media.backend.compute_bytes.get(e.backend.devices[0].name, 0) > 0
+
+
+def test_a_gemma4a_file_with_clamped_layers_is_refused_by_name(tmp_path):
+    """Real Gemma 4 files may carry ClippableLinear bounds (`<weight>.input_max` scalars) that
+    llama.cpp applies around those products; they are not built here, so such a file is refused
+    at load, naming them, rather than answered wrongly."""
+    import gguf
+    import numpy as np
+
+    from ggserve.models.registry import ModelError
+    from ggserve.native import ggml
+
+    src = gguf.GGUFReader(SA.mmproj("gemma4"))
+    out = tmp_path / "clamped.gguf"
+    w = gguf.GGUFWriter(str(out), arch="clip")
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_array(field.name, value)
+        else:
+            w.add_key_value(field.name, value, vtype)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])),
+                     raw_dtype=t.tensor_type)
+    w.add_tensor("a.blk.0.attn_q.input_max", np.array([4.0], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    from ggserve.models.audio.model import AudioModel
+    with pytest.raises(ModelError, match=r"a\.blk\.0\.attn_q\.input_max"):
+        AudioModel.from_gguf(str(out), ggml.Backend(n_threads=1))

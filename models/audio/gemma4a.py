@@ -63,6 +63,9 @@ class _Layer:
 class Gemma4AudioEncoder:
     def __init__(self, cfg, w):
         self.cfg = cfg
+        clamped = sorted(n for n in w.tensors if n.endswith((".input_max", ".input_min", ".output_max", ".output_min")))
+        if clamped:      # clip.cpp's ClippableLinear: the products' inputs and outputs clamped; not built here
+            raise ValueError(f"clamped linear layers ({clamped[0]}, ...) are not supported yet")
         e = cfg.n_embd
         self.convs = [(w.get(f"a.conv1d.{i}.weight"), w.get(f"a.conv1d.{i}.bias", required=False),
                        w.get(f"a.conv1d.{i}.norm.weight", required=False)) for i in range(2)]
