@@ -75,7 +75,8 @@ def test_every_clip_gives_llama_cpps_prompt_and_chunks(engines, family):
 def test_real_stack_factors_serve_the_rows_the_graph_makes(name, rows):
     """llama.cpp 11434 counts 187 rows per chunk for these files, builds 188 and aborts
     (the golden's expected_failure); the token count here is the graph's."""
-    assert "expected output 187 tokens, got 188" in "\n".join(SA.DOC["configs"][f"synth_audio_{name}"]["server_log_tail"])
+    log = "\n".join(SA.DOC["configs"][f"synth_audio_{name}"]["server_log_tail"])
+    assert "expected output 187 tokens, got 188" in log
     e = SA.engine("ultravox", mmproj=str(SA.SYNTH / "mmproj" / f"mmproj-synth-{name}-f16.gguf"))
     try:
         case = SA.case("ultravox", "tone_16k_mono_1s.wav")

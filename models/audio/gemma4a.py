@@ -37,7 +37,8 @@ class _Layer:
 
         def get(name, shape=None, required=True):
             return w.get(p + name + ".weight", shape, required=required)
-        self.ffn_norm, self.ffn_up, self.ffn_down = get("ffn_norm", (e,)), get("ffn_up", (e, f)), get("ffn_down", (f, e))
+        self.ffn_norm, self.ffn_up = get("ffn_norm", (e,)), get("ffn_up", (e, f))
+        self.ffn_down = get("ffn_down", (f, e))
         self.ffn_post_norm = get("ffn_post_norm", (e,), False)
         self.attn_norm = get("attn_pre_norm", (e,), False)
         if self.attn_norm is None:
