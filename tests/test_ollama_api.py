@@ -11,7 +11,6 @@ import time
 import httpx
 import ollama
 import pytest
-
 from router_harness import models_dir, router, statuses
 
 GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "completions.json").read_text())["models"]
