@@ -41,7 +41,7 @@ __all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "
 
 
 def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_start: bool,
-                    lstrip: bool = True) -> tuple[str, str]:
+                    lstrip: bool = True, lstrip_rest: bool = True) -> tuple[str, str]:
     """(reasoning, rest). A prompt that ends with the open tag starts inside reasoning.
     As llama-server: reasoning loses its leading whitespace unless `lstrip` is off (its
     trailing whitespace stays); after a think block the prompt opened, the content is
@@ -63,7 +63,7 @@ def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_st
             body = body[:len(body) - held(body, (close_tag,))]
         return body.lstrip() if lstrip else body, ""
     rest = body[k + len(close_tag):]
-    return body[:k].lstrip() if lstrip else body[:k], rest if open_at_start else rest.lstrip()
+    return body[:k].lstrip() if lstrip else body[:k], rest if open_at_start or not lstrip_rest else rest.lstrip()
 
 
 def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = True,
@@ -81,7 +81,8 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
             return Parsed(r, "" if partial else rest)
         return Parsed(r, content, calls)
     lstrip = fmt.lstrip_open_reasoning if open_think else fmt.lstrip_reasoning
-    r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning) \
+    r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning,
+                              fmt.lstrip_after_reasoning) \
         if reasoning else ("", text)
     if not tools:
         strip = fmt.lstrip_content is True or fmt.lstrip_content is None and fmt.reasoning_template and rest is text

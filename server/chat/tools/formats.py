@@ -213,6 +213,8 @@ class KimiK2(_NameArgs):
     """Kimi K2: functions.NAME:IDX between section/call markers; the id is the model's."""
 
     name = "kimi_k2"
+    # llama.cpp's kimi_k2 parser takes reasoning and answer exactly as written
+    lstrip_content = lstrip_reasoning = lstrip_after_reasoning = False
     markers = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
                "<|tool_call_end|>", "<|tool_calls_section_end|>")
     block_open, call_open = "<|tool_calls_section_begin|>", "<|tool_call_begin|>"

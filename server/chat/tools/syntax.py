@@ -118,6 +118,7 @@ class Format:
     # families without a parser of their own: Hermes, generic) consumes the generation
     # prompt's tag and keeps the generated text's leading whitespace (False)
     lstrip_open_reasoning = True
+    lstrip_after_reasoning = True      # False: the answer after a think block keeps its whitespace
     # the template writes think tags (set per template): llama.cpp's autoparser then
     # skips the answer's leading whitespace, tools or not (chat-auto-parser-generator.cpp:
     # only a template without reasoning is parsed as pure content)

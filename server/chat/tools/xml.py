@@ -65,6 +65,8 @@ class Qwen3Coder(_XmlParams):
     """Qwen3-Coder: <tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>."""
 
     name = "qwen3_coder"
+    # llama.cpp's qwen3-coder parser skips whitespace before the answer, after reasoning or not
+    lstrip_content = True
     markers = ("<tool_call>", "</tool_call>")
     starts = ("<tool_call>",)
     closers = ("</function>",)
