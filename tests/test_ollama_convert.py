@@ -7,13 +7,7 @@ import base64
 import pytest
 
 from ggserve.server.api.errors import APIError
-from ggserve.server.api.ollama.convert import (
-    chat_messages,
-    keep_alive_seconds,
-    model_id,
-    ollama_calls,
-    sampling_fields,
-)
+from ggserve.server.api.ollama.convert import chat_messages, keep_alive_seconds, model_id, ollama_calls, sampling_fields
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 
