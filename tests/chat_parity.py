@@ -28,7 +28,8 @@ def template(name: str) -> ChatTemplate:
     return _TEMPLATES[name]
 
 
-def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str) -> dict:
+def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str, pieces: int = 0) -> dict:
+    """The message ggserve returns for `raw` (fed whole, or streamed in pieces of that many characters)."""
     req = S.ChatCompletionRequest.model_validate(body)
     opts = chat_options(req, CONFIG, tmpl)
     msgs, _ = template_messages(req)
@@ -36,8 +37,12 @@ def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str) -> dict:
     prompt = render_chat(tmpl, opts.messages(msgs, tmpl), opts.tools, template_kwargs=opts.template_kwargs,
                          continue_final=cont, add_generation_prompt=agp)
     out = opts.output(prompt)()
-    d, e = out.feed(raw), out.finish()
-    return {"content": d.content + e.content, "reasoning_content": d.reasoning + e.reasoning,
+    content = reasoning = ""
+    for i in range(0, len(raw), pieces or len(raw) or 1):
+        d = out.feed(raw[i:i + (pieces or len(raw))])
+        content, reasoning = content + d.content, reasoning + d.reasoning
+    e = out.finish()
+    return {"content": content + e.content, "reasoning_content": reasoning + e.reasoning,
             "tool_calls": [(c["function"]["name"], _args(c["function"]["arguments"])) for c in out.calls]}
 
 

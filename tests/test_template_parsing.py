@@ -20,6 +20,11 @@ def test_parsed_as_llama_server_parsed_it(rec):
     assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"]) == theirs(rec["message"])
 
 
+@pytest.mark.parametrize("rec", RECORDS, ids=[f"{r['template']}-{r['kind']}-{i}" for i, r in enumerate(RECORDS)])
+def test_streamed_one_character_at_a_time_the_same(rec):
+    assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"], pieces=1) == theirs(rec["message"])
+
+
 def test_records_cover_the_families():
-    assert len({r["template"] for r in RECORDS}) >= 6
+    assert len({r["template"] for r in RECORDS}) >= 14
     assert {"forced", "calls", "plain"} <= {r["kind"] for r in RECORDS}

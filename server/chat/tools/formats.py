@@ -152,6 +152,15 @@ class MistralNemo(Format):
             i = j + 1
 
 
+def _nested(atoms: list[str]) -> str:
+    """A regex for any non-empty prefix of the sequence of regex atoms."""
+    atoms = [re.escape(a) if a != r"\s*" else a for a in atoms]
+    out = atoms[-1]
+    for a in reversed(atoms[:-1]):
+        out = f"{a}(?:{out})?"
+    return out
+
+
 class Llama3(Format):
     """Llama 3.1/3.2/3.3: the output is {"name", "parameters"} JSON (or after <|python_tag|>)."""
 
@@ -159,17 +168,26 @@ class Llama3(Format):
     markers = ("<|python_tag|>",)
     starts = ("<|python_tag|>",)
     _start = re.compile(r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:')
-    _maybe = re.compile(r'\s*\{\s*(?:"(?:t(?:y(?:p(?:e(?:"(?:\s*:(?:\s*"(?:f[a-z]*"?)?)?)?)?)?)?)?|'
-                        r'n(?:a(?:m(?:e"?)?)?)?)?)?\s*$')
+    _maybe = re.compile(r'\s*\{\s*(?:' + _nested([*'"type"', r'\s*', ':', r'\s*', *'"function"', r'\s*', ',', r'\s*',
+                                                     *'"name"', r'\s*', ':'])
+                        + '|' + _nested([*'"name"', r'\s*', ':']) + r')?\s*$')   # the start of a call, cut anywhere
+
+    # llama.cpp's autoparser reads a call after text too (content up to its "{")
+    _anywhere = re.compile(r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:')
 
     def find_start(self, text):
         if self._start.match(text):
             return 0
-        return super().find_start(text)
+        m = self._anywhere.search(text)
+        hits = [i for i in (super().find_start(text), m.start() if m else -1) if i >= 0]
+        return min(hits) if hits else -1
 
     def split_calls(self, text, partial):
         if partial and self._maybe.match(text) and text.strip():
             return "", []       # may still become a call: hold it back
+        k = text.rfind("{") if partial else -1
+        if k > 0 and self._maybe.match(text, k) and self.find_start(text) < 0:
+            return super().split_calls(text[:k], partial)[0], []     # the text's end may start a call
         return super().split_calls(text, partial)
 
     def block(self, text, i, partial):
