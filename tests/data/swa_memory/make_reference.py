@@ -72,16 +72,17 @@ def load_logs(binary: str) -> dict:
 
 def context_shift(binary: str, n_predict: int, *more: str) -> dict:
     """The golden's long_code prompt (982 tokens) in a 1,280-token context, n_predict tokens."""
-    args = ["-t", "2", "-c", "1280", "-np", "1", "--context-shift", *more]
+    args = ["-c", "1280", "-np", "1", "--context-shift", *more]
     golden = json.loads((HERE.parent / "completions.json").read_text())["models"]["gemma3"]
     toks = next(c for c in golden if c["key"] == "long_code")["prompt_ids"]
     proc, _ = serve(binary, gemma3_path(), args)
     try:
         r = httpx.post(URL + "/completion", json={
             "prompt": toks, "n_predict": n_predict, "temperature": 0, "ignore_eos": True, "return_tokens": True,
-            "cache_prompt": False}, timeout=1800).json()
+            "cache_prompt": False, "n_probs": 2}, timeout=1800).json()
         return {"args": args, "prompt_ids": toks, "n_predict": n_predict, "generated_ids": r["tokens"],
-                "truncated": r["truncated"]}
+                "truncated": r["truncated"],
+                "top2": [[[p["id"], p["logprob"]] for p in s["top_logprobs"]] for s in r["completion_probabilities"]]}
     finally:
         stop(proc)
 
@@ -119,9 +120,9 @@ def main() -> None:
     makers = {"load_logs": ("gemma3_load_logs.json", lambda: load_logs(binary)),
               "chat_gemma3": ("chat_gemma3.json", lambda: chat(binary, gemma3_path(), args)),
               "chat_qwen35": ("chat_qwen35.json", lambda: chat(binary, qwen35_path(), args)),
-              "context_shift": ("gemma3_context_shift.json", lambda: context_shift(binary, 400)),
+              "context_shift": ("gemma3_context_shift.json", lambda: context_shift(binary, 400, "-t", "1")),
               "context_shift_swa_full": ("gemma3_context_shift_swa_full.json",
-                                         lambda: context_shift(binary, 400, "--swa-full"))}
+                                         lambda: context_shift(binary, 320, "--swa-full", "-t", "1"))}
     for part in parts:
         name, make = makers[part]
         (HERE / name).write_text(json.dumps(make(), indent=1) + "\n")
