@@ -121,5 +121,5 @@ def ollama_routes(api) -> list[tuple]:
     out = [("/api/tags", tags, ["GET"]), ("/api/ps", ps, ["GET"]), ("/api/version", version, ["GET"]),
            ("/api/show", show, ["POST"])]
     out += [(p, run, ["POST"]) for p in ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings")]
-    out += [(f"/api/{w}", refused(w), ["POST", "DELETE"]) for w in _INSTEAD]
+    out += [(f"/api/{w}", refused(w), ["DELETE" if w == "delete" else "POST"]) for w in _INSTEAD]
     return [(p, shaped(fn), m) for p, fn, m in out]

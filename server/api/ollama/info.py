@@ -1,6 +1,7 @@
 """Ollama's model endpoints: /api/tags, /api/show, /api/ps, /api/version, /api/embed,
-/api/embeddings, and /api/pull, /api/push, /api/create, /api/copy, /api/delete, which
-answer what to do instead (ggserve serves GGUF files it is given; it downloads nothing)."""
+/api/embeddings; and what /api/pull, /api/push, /api/create, /api/copy, /api/delete answer
+in router mode (server/router/ollama.py): what to do instead, since ggserve serves the GGUF
+files it is given and downloads nothing."""
 from __future__ import annotations
 
 import datetime
@@ -87,13 +88,6 @@ def show_answer(gguf, path: str, mmproj: str | None, embeddings: bool, verbose: 
             "modified_at": datetime.datetime.fromtimestamp(os.stat(path).st_mtime, datetime.timezone.utc).isoformat()}
 
 
-def refused(api: API, what: str):
-    async def endpoint(request: Request) -> Response:
-        raise APIError(501, f"/api/{what} is not served: ggserve does not download or store models; "
-                            f"{_INSTEAD[what]}")
-    return endpoint
-
-
 # -- one model's server ------------------------------------------------------------------
 
 def _gguf(api: API):
@@ -162,6 +156,4 @@ def routes(api: API, route) -> list:
                               ("/api/tags", tags, ["GET"]), ("/api/show", show, ["POST"]),
                               ("/api/ps", ps, ["GET"]), ("/api/version", version, ["GET"])):
         out.append(route(path, functools.partial(fn, api), methods, "ollama", errors=error_response))
-    for what in _INSTEAD:
-        out.append(route(f"/api/{what}", refused(api, what), ["POST", "DELETE"], "ollama", errors=error_response))
-    return out
+    return out         # the model-store endpoints (pull, ...) are the router's (server/router/ollama.py)
