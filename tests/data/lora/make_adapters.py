@@ -26,12 +26,12 @@ from gguf import GGMLQuantizationType, GGUFWriter
 SHAPES = {"smollm2": ("llama", 576, 1536, 30, 576, 192),
           "qwen3": ("qwen3", 32, 128, 4, 128, 64)}
 
-# file -> (model, seed, rank, alpha, dtype, matrices adapted, std of B)
+# file -> (model, seed, rank, alpha, dtype, matrices adapted, size of B's entries)
 ADAPTERS = {
-    "smollm2-lora-a.gguf": ("smollm2", 1, 16, 32.0, "f16", ("attn_q", "attn_v", "ffn_down"), 0.05),
-    "smollm2-lora-b.gguf": ("smollm2", 2, 8, 16.0, "f16", ("attn_k", "attn_output", "ffn_gate", "ffn_up"), 0.03),
-    "qwen3-lora-a.gguf": ("qwen3", 3, 8, 16.0, "f32", ("attn_q", "attn_v", "ffn_down"), 0.2),
-    "qwen3-lora-b.gguf": ("qwen3", 4, 4, 8.0, "f32", ("attn_k", "attn_output", "ffn_gate", "ffn_up"), 0.2),
+    "smollm2-lora-a.gguf": ("smollm2", 1, 16, 32.0, "f16", ("attn_q", "attn_v", "ffn_down"), 0.5),
+    "smollm2-lora-b.gguf": ("smollm2", 2, 8, 16.0, "f16", ("attn_k", "attn_output", "ffn_gate", "ffn_up"), 0.5),
+    "qwen3-lora-a.gguf": ("qwen3", 3, 8, 16.0, "f32", ("attn_q", "attn_v", "ffn_down"), 0.5),
+    "qwen3-lora-b.gguf": ("qwen3", 4, 4, 8.0, "f32", ("attn_k", "attn_output", "ffn_gate", "ffn_up"), 0.5),
 }
 # file -> (model, seed, std)
 CVECS = {"smollm2-cvec.gguf": ("smollm2", 5, 0.15), "qwen3-cvec.gguf": ("qwen3", 6, 0.5)}
@@ -44,7 +44,18 @@ def _dims(model: str, matrix: str) -> tuple[int, int]:
             "ffn_gate": (e, f), "ffn_up": (e, f), "ffn_down": (f, e)}[matrix]
 
 
-def write_lora(path: str, model: str, seed: int, rank: int, alpha: float, dtype: str, matrices, std_b: float) -> None:
+def _one_per_row(rng, rows: int, cols: int, size: float) -> np.ndarray:
+    """One non-zero per row, a power of two of about `size` with a random sign: every product
+    with such a matrix is exact (sums of one term), so B (A x) is the same on every
+    instruction set and kernel, and an answer that differs from llama-server's differs by
+    the base model's arithmetic alone."""
+    out = np.zeros((rows, cols))
+    k = np.round(np.log2(size)) - rng.integers(0, 2, size=rows)
+    out[np.arange(rows), rng.integers(0, cols, size=rows)] = rng.choice([-1.0, 1.0], size=rows) * 2.0 ** k
+    return out
+
+
+def write_lora(path: str, model: str, seed: int, rank: int, alpha: float, dtype: str, matrices, size_b: float) -> None:
     arch, _, _, n_layer, _, _ = SHAPES[model]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path, arch)
@@ -57,8 +68,8 @@ def write_lora(path: str, model: str, seed: int, rank: int, alpha: float, dtype:
     for il in range(n_layer):
         for m in matrices:
             n_in, n_out = _dims(model, m)
-            a = rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(rank, n_in))     # ne [n_in, rank]
-            b = rng.normal(0.0, std_b, size=(n_out, rank))                     # ne [rank, n_out]
+            a = _one_per_row(rng, rank, n_in, 1.0)      # ne [n_in, rank]
+            b = _one_per_row(rng, n_out, rank, size_b)   # ne [rank, n_out]
             w.add_tensor(f"blk.{il}.{m}.weight.lora_a", a.astype(np_type), raw_dtype=raw)
             w.add_tensor(f"blk.{il}.{m}.weight.lora_b", b.astype(np_type), raw_dtype=raw)
     _finish(w)

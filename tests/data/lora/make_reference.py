@@ -8,7 +8,10 @@ reference.json) and runs llama-server (build 11434) on SmolLM2-135M-Instruct Q4_
 the golden's synthetic Qwen3 as SERVERS lists (`llama-server -m MODEL -c 2048 -np 1 -t 2`
 plus the adapter flags), each case greedy on /completion, one after another (every
 answer is a request served alone). Writes reference.json beside this file: per server the
-command line (files by name) and per case the request and llama-server's answer.
+command line (files by name) and per case the request and llama-server's answer (its tokens and
+top-5 logprobs per step). Nothing is reused between requests (`--cache-ram 0`, `cache_prompt: false`):
+llama-server 11434's host-RAM prompt cache does not key on the adapters, so a prompt computed under
+one adapter set came back under another and changed the answer.
 """
 from __future__ import annotations
 
@@ -49,13 +52,16 @@ SERVERS = {
 
 
 def completion(url: str, prompt: str, lora) -> dict:
-    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True}
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True, "n_probs": 5,
+            "cache_prompt": False}
     if lora is not None:
         body["lora"] = lora
     r = httpx.post(url + "/completion", json=body, timeout=600)
     r.raise_for_status()
     out = r.json()
-    return {"request": body, "content": out["content"], "tokens": out["tokens"]}
+    # per step: the top-5 (id, logprob), llama-server's own order
+    top = [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in out["completion_probabilities"]]
+    return {"request": body, "content": out["content"], "tokens": out["tokens"], "top_logprobs": top}
 
 
 def record_server(binary: str, model: str, flags: list[str], files: str) -> dict:
@@ -64,10 +70,12 @@ def record_server(binary: str, model: str, flags: list[str], files: str) -> dict
         port = s.getsockname()[1]
     path = smollm2_path() if model == "smollm2" else QWEN3
     real = [os.path.join(files, f[5:]) if f.startswith("FILE:") else f for f in flags]
-    args = ["-c", "2048", "-np", "1", "-t", "2", "--host", "127.0.0.1", "--port", str(port)]
+    # --cache-ram 0 and cache_prompt false: llama-server 11434's host-RAM prompt cache does not key on the
+    # adapters (a prompt computed under one set comes back under another), so nothing is reused here
+    args = ["-c", "2048", "-np", "1", "-t", "2", "--cache-ram", "0", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
     with llama_server([binary, "-m", path, *args, *real], url):
-        out = {"command": ["llama-server", "-m", os.path.basename(path), *args[:6],
+        out = {"command": ["llama-server", "-m", os.path.basename(path), *args[:8],
                            *[f[5:] if f.startswith("FILE:") else f for f in flags]],
                "adapters": httpx.get(url + "/lora-adapters").json(), "cases": {}}
         two = "--lora-scaled" in flags         # two adapters: every set, then the scales POSTed
@@ -75,7 +83,7 @@ def record_server(binary: str, model: str, flags: list[str], files: str) -> dict
             out["cases"][name] = [completion(url, p, lora) for p in PROMPTS[model]]
         if two:
             body = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": N_PREDICT,
-                    "temperature": 0, "lora": SETS["mix"]}
+                    "temperature": 0, "lora": SETS["mix"], "cache_prompt": False}
             r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
             out["chat_mix"] = {"request": body, "content": r.json()["choices"][0]["message"]["content"]}
             r = httpx.post(url + "/lora-adapters", json=POST_SCALES)
