@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggserve.server.engine.scheduler import MAX_SKIPS, MIN_PROMPT_ROWS, Scheduler
+from ggserve.server.engine.scheduler import MAX_SKIPS, MIN_PROMPT_ROWS, STALL_DECODE_STEPS, STALL_FLOOR_S, Scheduler
 from ggserve.server.engine.sequence import Request, Sequence
 
 
@@ -123,17 +123,17 @@ def test_where_a_step_costs_most_prompts_share_it():
 
 def test_a_long_prompt_passed_over_too_often_goes_first():
     long = Sequence(Request("long", list(range(300))))
-    sched = _measured(_scheduler(long), 0.002, 0.003)
+    sched = _measured(_scheduler(long, _decoding(0)), 0.002, 0.003)     # prompts arriving mid-stream
     for i in range(MAX_SKIPS):
         short = Sequence(Request(f"s{i}", list(range(20))))
         sched.add(short)
         sched.admit()
-        assert _rows(sched.schedule()) == [(f"s{i}", 20)]      # the new short one first ...
+        assert _rows(sched.schedule()) == [("d0", 1), (f"s{i}", 20)]    # the new short one first ...
         short.n_computed = 20
         sched.remove(short.id)
     sched.add(Sequence(Request("late", list(range(20)))))
     sched.admit()
-    assert _rows(sched.schedule())[0] == ("long", 300)         # ... until the long one waited enough
+    assert _rows(sched.schedule())[1] == ("long", 300)         # ... until the long one waited enough
 
 
 def test_drafts_wait_while_a_prompt_does():
@@ -143,3 +143,99 @@ def test_drafts_wait_while_a_prompt_does():
     assert _rows(sched.schedule()) == [("d0", 1), ("p", 50)]        # no draft rows before p's first token
     sched.running[0].n_computed = 50
     assert _rows(sched.schedule()) == [("d0", 4)]                   # then the draft is verified again
+
+
+# -- the default stall budget: prompt chunks sized by time ------------------------
+
+def _measured_with_decodes(sched: Scheduler, fixed: float, per_row: float, decode_rows: int) -> Scheduler:
+    """_measured, then steps of decode_rows decoding rows alone."""
+    _measured(sched, fixed, per_row)
+    for _ in range(40):
+        sched.observe(decode_rows, per_row * decode_rows, fixed + per_row * decode_rows)
+    return sched
+
+
+def _default_budget(*seqs, fixed: float, per_row: float) -> Scheduler:
+    """`ggserve serve`'s default budget (max_stall_s < 0), after steps that took
+    fixed + per_row * rows, the last ones the decodes of these sequences alone."""
+    sched = Scheduler(16, 512, max_stall_s=-1.0)
+    for s in seqs:
+        sched.add(s)
+    sched.admit()
+    return _measured_with_decodes(sched, fixed, per_row, sum(not s.prefilling for s in seqs))
+
+
+def test_by_default_a_step_beside_decodes_takes_the_prompt_rows_that_fit_two_decode_steps():
+    # an 8B-like model on two cores: a decode step of two streams takes 0.46 s
+    sched = _default_budget(Sequence(Request("p", list(range(900)))), _decoding(0), _decoding(1),
+                            fixed=0.40, per_row=0.03)
+    assert sched.stall_budget() == pytest.approx(STALL_DECODE_STEPS * 0.46, rel=1e-3)
+    assert _rows(sched.schedule()) == [("d0", 1), ("d1", 1), ("p", 15)]
+    assert sched.predicted_seconds(17) <= sched.stall_budget() < sched.predicted_seconds(18)
+
+
+def test_where_decode_steps_are_short_the_budget_is_the_floor():
+    # a 1B model on two cores: 50 ms + 4.5 ms a row
+    sched = _default_budget(Sequence(Request("p", list(range(900)))), _decoding(0), _decoding(1),
+                            fixed=0.050, per_row=0.0045)
+    assert sched.stall_budget() == STALL_FLOOR_S
+    assert _rows(sched.schedule()) == [("d0", 1), ("d1", 1), ("p", 42)]
+
+
+def test_a_long_prompt_arriving_mid_stream_is_computed_in_steps_that_each_keep_the_budget():
+    prompt = Sequence(Request("p", list(range(900))))
+    sched = _default_budget(prompt, _decoding(0), fixed=0.050, per_row=0.0045)
+    steps = 0
+    while prompt.prefilling:
+        chunks = sched.schedule()
+        assert chunks[0].seq.id == "d0"                        # the stream decodes every step
+        assert sched.predicted_seconds(sum(c.n for c in chunks)) <= sched.stall_budget()
+        prompt.n_computed += chunks[1].n
+        steps += 1
+    assert steps == -(-900 // 43)                              # 43 prompt rows a step
+
+
+def test_a_step_beside_decodes_that_took_longer_than_planned_shrinks_the_next_chunk():
+    prompt = Sequence(Request("p", list(range(900))))
+    sched = _default_budget(prompt, _decoding(0), fixed=0.050, per_row=0.0045)
+    assert _rows(sched.schedule()) == [("d0", 1), ("p", 43)]
+    prompt.n_computed += 43
+    sched.observe(44, 0.40, 0.40)           # 43 prompt rows added 0.3455 s, not 0.19 s
+    assert _rows(sched.schedule()) == [("d0", 1), ("p", 24)]      # (0.25 - 0.0545) / 0.00803
+
+
+def test_before_a_decode_step_is_measured_the_default_budget_takes_the_smallest_chunks():
+    sched = Scheduler(16, 512, max_stall_s=-1.0)
+    for s in (Sequence(Request("p", list(range(900)))), _decoding(0)):
+        sched.add(s)
+    sched.admit()
+    assert _rows(sched.schedule()) == [("d0", 1), ("p", MIN_PROMPT_ROWS)]
+
+
+def test_with_the_budget_off_a_step_beside_decodes_takes_the_whole_batch():
+    sched = _measured(_scheduler(Sequence(Request("p", list(range(900)))), _decoding(0)), 0.050, 0.0045)
+    assert _rows(sched.schedule()) == [("d0", 1), ("p", 511)]
+
+
+def test_prompts_arriving_together_get_their_first_tokens_in_one_step_as_in_llama_server():
+    # the text workload's lengths: none of them starts decoding (to stall behind the
+    # others' rows) before all are computed; the most rows pending go first
+    prompts = [Sequence(Request(rid, list(range(n)))) for rid, n in (("a", 30), ("b", 210), ("c", 800), ("d", 30))]
+    sched = _default_budget(*prompts, fixed=0.050, per_row=0.0045)
+    plans = []
+    while any(s.prefilling for s in prompts):
+        chunks = sched.schedule()
+        plans.append([(c.seq.id, c.n, c.wants_logits) for c in chunks])
+        for c in chunks:
+            c.seq.n_computed += c.n
+    assert plans == [[("c", 512, False)],
+                     [("c", 287, False), ("b", 209, False), ("a", 16, False)],
+                     [("d", 30, True), ("a", 14, True), ("b", 1, True), ("c", 1, True)]]
+
+
+def test_prompts_arriving_together_beyond_one_llama_server_batch_go_shortest_first():
+    # llama-server answers the short one after its first 2048-row batch too, then
+    # computes the rest while it decodes; here the rest goes in steps within the budget
+    prompts = [Sequence(Request("short", list(range(30)))), Sequence(Request("long", list(range(3000))))]
+    sched = _default_budget(*prompts, fixed=0.050, per_row=0.0045)
+    assert _rows(sched.schedule()) == [("short", 30)]

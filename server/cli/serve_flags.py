@@ -109,11 +109,11 @@ def add_batching_flags(p) -> None:
     """How many tokens one engine step takes."""
     _flag(p, "-b", "--batch-size", env="LLAMA_ARG_BATCH", type=int, default=512,
           metavar="N", dest="batch_size", help="tokens per engine step (all sequences)")
-    _flag(p, "--max-stall-ms", env="GGSERVE_MAX_STALL_MS", type=float, default=0.0, metavar="MS",
-          help="while streams are decoding, size each step to take about this long, so a "
-               "long prompt arriving mid-stream pauses them briefly and often instead of "
-               "once for a whole -b step (e.g. 500 for chat UIs on a CPU; 0: off, steps "
-               "of up to -b tokens as in llama-server)")
+    _flag(p, "--max-stall-ms", env="GGSERVE_MAX_STALL_MS", type=float, default=-1.0, metavar="MS",
+          help="while streams are decoding, size each step (from its measured cost) to take "
+               "at most this long, so a long prompt arriving mid-stream pauses them briefly "
+               "instead of once for a whole -b step (-1, default: twice a step of the decodes "
+               "alone, at least 250 ms; 0: off, steps of up to -b tokens as in llama-server)")
 
 
 def add_prompt_cache_flags(p) -> None:

@@ -32,7 +32,7 @@ class EngineConfig:
     chat_template_file: str | None = None     # --chat-template-file (over the name and the GGUF's)
     mmproj: str | None = None                 # --mmproj: the vision projector
     image_cache_mb: int = 256                 # image embeddings kept by content
-    max_stall_ms: float = 0.0                 # how long prompts may hold back decodes
+    max_stall_ms: float = -1.0                # how long prompts may hold back decodes (<0: auto, 0: off)
     kernel_parity: bool = True                # llama.cpp's kernel for every row (--no-kernel-parity)
     cpu_kernels: bool = True                  # ggserve's own CPU matmul kernels where they apply
     slot_prompt_similarity: float = 0.1       # --slot-prompt-similarity

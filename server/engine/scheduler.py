@@ -9,9 +9,13 @@ smallest in sum under the measured cost of a step (StepCost: a fixed part and a
 part per row): where rows dominate (a CPU) prompts that arrive together are
 computed one after the other, the first answered after its own prompt instead of
 after all of them; where the fixed part dominates (a GPU) they share one step.
-While streams are decoding, the engine may cap the rows of a step (`max_rows`) so that a prompt
-arriving mid-stream costs each stream a short pause per step instead of one long
-one (on a CPU a full 512-token step takes seconds).
+While streams are decoding, a step's prompt rows are sized by time (`prompt_cap`, from
+the fitted StepCost) so that the step takes at most the stall budget: by default
+(`max_stall_s` < 0) STALL_DECODE_STEPS times a step of decodes alone, at least STALL_FLOOR_S.
+llama-server computes prompts that arrive together before any of them decodes, and
+one that arrives mid-stream in one batch of up to n_batch rows (seconds on a CPU);
+here a stream pauses at most about the budget per token, and prompts that arrive
+together go one by one only where that is faster in sum even at the budget's pace.
 
 `plan()` returns a StepPlan, frozen: the chunks (already stopped short of image
 tiles that have no embedding yet), the tile the encoder may start (an encoder
@@ -27,13 +31,23 @@ from typing import Callable
 
 from ggserve.server.engine.sequence import Sequence
 
-# smallest prompt chunk a capped step still takes: flash attention pads shorter
-# pieces of a long prompt to 64 rows anyway (models.inputs / kv_cache)
-MIN_PROMPT_ROWS = 64
+# smallest prompt chunk a capped step still takes (progress while streams decode);
+# below 8 rows k-quant matmuls leave their tiled kernel (kernel_parity)
+MIN_PROMPT_ROWS = 8
+# the default stall budget: a step with decodes in it may take this many times what
+# a step of decodes alone takes (a stream then decodes at half speed, not at zero),
+# and at least STALL_FLOOR_S (a pause a reader does not notice; llama-server's longest
+# gap between tokens of 4 streams of a 1B model on two cores is about this)
+STALL_DECODE_STEPS = 2.0
+STALL_FLOOR_S = 0.25
 
 
 ROW_COST_MIN_ROWS = 64     # steps this big or bigger measure the compute cost of a row
 MAX_SKIPS = 8              # a prompt passed over this many steps running goes first (no starvation)
+# llama-server's default -b: prompts waiting together whose rows fit one of its batches
+# get their first tokens together there; more rows, and the first answered decode
+# while the rest is computed (here: in steps within the stall budget)
+LLAMA_SERVER_BATCH = 2048
 
 
 class StepCost:
@@ -95,11 +109,13 @@ class Scheduler:
         self.n_batch = n_batch
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        # while streams decode, steps are sized to take about max_stall_s (0: no cap),
-        # from the measured compute time per batch row
-        self.max_stall = max(0.0, max_stall_s)
-        self._row_seconds = 0.0
+        # while streams decode, steps are sized to take about max_stall_s (0: no cap, as
+        # llama-server; < 0: STALL_DECODE_STEPS decode steps), from the fitted step cost
+        self.max_stall = max_stall_s
         self.cost = StepCost()
+        self._decode_seconds = 0.0     # a step of decodes alone, recent ones weighing most
+        self._prompt_row_seconds = 0.0  # what a prompt row adds to a step beside decodes (measured)
+        self._decode_rows = 0          # decode rows in the last step planned
         # steps of decodes and their drafts alone: what a drafted row adds to such a step
         # (server/engine/speculative/speculator.py); prompt rows cost less each, they would hide it. One stream's
         # steps are 1 row and now and then 2 to 9: a spread of about one row tells the slope
@@ -134,34 +150,58 @@ class Scheduler:
     def plan(self, held: frozenset, tile_ready: Callable[[str], bool], encoder_free: bool) -> StepPlan:
         """This step's plan (see the module docstring). tile_ready(key): is that
         tile's embedding stored; encoder_free: may a tile start encoding now."""
-        chunks, missing = _stop_at_missing_tiles(self.schedule(self.max_rows(), held), tile_ready)
+        chunks, missing = _stop_at_missing_tiles(self.schedule(None, held), tile_ready)
         if missing is None:
             return StepPlan(chunks, held=held)
         if chunks:
             return StepPlan(chunks, encode=missing if encoder_free else None, held=held)
         return StepPlan((), encode_first=missing, held=held)
 
-    def max_rows(self) -> int | None:
-        """The row cap of a step with decodes in it (None: no cap). Before the first
-        measurement: the smallest prompt chunk."""
-        if not self.max_stall:
+    def stall_budget(self) -> float | None:
+        """Seconds a step with decodes in it may take (None: no limit, or nothing
+        measured yet for the default budget)."""
+        if self.max_stall >= 0:
+            return self.max_stall or None
+        if not self._decode_seconds:
             return None
-        return int(self.max_stall / self._row_seconds) if self._row_seconds else 0
+        return max(STALL_DECODE_STEPS * self._decode_seconds, STALL_FLOOR_S)
+
+    def prompt_cap(self) -> int | None:
+        """The most prompt rows of a step with decodes in it (None: no cap): as many as
+        fit in the stall budget beside a step of decodes alone, at what a prompt row
+        added to the last such steps (before any: the fitted cost of a row); before the
+        first decode step, the smallest prompt chunk."""
+        budget, fit = self.stall_budget(), self.cost.fit()
+        if budget is None or not (self._prompt_row_seconds or fit):
+            return None if not self.max_stall else 0
+        per_row = self._prompt_row_seconds or fit[1]
+        return max(0, int((budget - self._decode_seconds) / per_row))
+
+    def predicted_seconds(self, n_rows: int) -> float | None:
+        """A step of n_rows as the fitted cost predicts it (None: no fit yet)."""
+        fit = self.cost.fit()
+        return None if fit is None else fit[0] + fit[1] * n_rows
 
     def observe(self, n_rows: int, seconds: float, step_seconds: float) -> None:
-        """A step of n_rows computed in `seconds` (step_seconds in all): update the cost
-        of a row (small steps cost more per row, they would shrink the cap) and of a step."""
+        """A step of n_rows computed in `seconds` (step_seconds in all, what a stream
+        waits): update the cost of a step, and of a decode step."""
         self.cost.observe(n_rows, step_seconds)
         if not self._prompt_rows:
             self.decode_cost.observe(n_rows, step_seconds)
-        if n_rows >= ROW_COST_MIN_ROWS:
-            per_row = seconds / n_rows
-            self._row_seconds = per_row if not self._row_seconds else 0.8 * self._row_seconds + 0.2 * per_row
+            d = self._decode_seconds
+            self._decode_seconds = step_seconds if not d else 0.8 * d + 0.2 * step_seconds
+        elif self._decode_rows and self._decode_seconds:
+            # steps beside decodes correct the cap fast (small chunks cost more a row than
+            # a full step's, and a loaded machine changes what a row costs)
+            per = max(step_seconds - self._decode_seconds, 0.0) / self._prompt_rows
+            p = self._prompt_row_seconds
+            self._prompt_row_seconds = per if not p else 0.5 * p + 0.5 * per
 
     def schedule(self, max_rows: int | None = None, hold: set = frozenset()) -> list[Chunk]:
         """This step's chunks. max_rows: the most rows a step with decodes in it
-        should have (prompt chunks get at least MIN_PROMPT_ROWS of them); hold: ids
-        of prompts that wait this step (another sequence is computing their prefix)."""
+        should have (prompt chunks get at least MIN_PROMPT_ROWS of them; None: as the
+        stall budget says); hold: ids of prompts that wait this step (another sequence
+        is computing their prefix)."""
         budget = self.n_batch
         chunks = []
         # drafts ride only on steps no prompt waits for: their rows would delay its first token
@@ -171,10 +211,16 @@ class Scheduler:
                 draft = () if prompt_waits else s.draft[:budget - 1]   # a drafted token is one more row
                 chunks.append(Chunk(s, s.n_computed, 1 + len(draft), True, draft))
                 budget -= 1 + len(draft)
+        if not chunks and (together := self._together(budget, hold)):
+            self._decode_rows = 0
+            self._prompt_rows = sum(c.n for c in together)
+            return together
         full = budget
-        if chunks and max_rows is not None:
-            budget = min(budget, max(MIN_PROMPT_ROWS, max_rows - len(chunks)))
-        for s in self._prompts_first(budget, sum(c.n for c in chunks), hold):
+        decode_rows = self._decode_rows = sum(c.n for c in chunks)
+        cap = max_rows - decode_rows if max_rows is not None else self.prompt_cap()
+        if chunks and cap is not None:
+            budget = min(budget, max(MIN_PROMPT_ROWS, cap))
+        for s in self._prompts_first(budget, decode_rows, hold):
             if budget > 0:
                 n = s.fit_chunk(s.n_computed, min(s.n_pending, budget))
                 over_cap = False
@@ -189,6 +235,28 @@ class Scheduler:
                 budget = 0 if over_cap else budget - n
                 full -= n
         self._prompt_rows = sum(c.n for c in chunks if c.seq.prefilling)
+        return chunks
+
+    def _together(self, budget: int, hold) -> list[Chunk]:
+        """With no stream decoding, prompts that wait together get their first tokens in
+        one step, as in llama-server's one batch (LLAMA_SERVER_BATCH rows at most in all):
+        while they do not fit one step, each
+        keeps its last row back (longest first), so none of them starts decoding (and
+        stalls) while the others' rows are computed. Empty: no such plan (one prompt, or
+        nothing could be held back)."""
+        prompts = sorted((s for s in self.running if s.prefilling and s.id not in hold),
+                         key=lambda s: -s.n_pending)
+        if len(prompts) < 2 or sum(s.n_pending for s in prompts) > LLAMA_SERVER_BATCH:
+            return []
+        last_step = sum(s.n_pending for s in prompts) <= budget
+        chunks = []
+        for s in prompts:
+            n = s.fit_chunk(s.n_computed, min(s.n_pending - (0 if last_step else 1), budget))
+            if n > 0:
+                chunks.append(Chunk(s, s.n_computed, n, s.n_computed + n == len(s.tokens)))
+                budget -= n
+        if last_step and len(chunks) < len(prompts):
+            return []            # an image span kept a prompt from finishing: plan as usual
         return chunks
 
     def _prompts_first(self, budget: int, decode_rows: int, hold) -> list[Sequence]:
@@ -210,10 +278,14 @@ class Scheduler:
             if m > 1 and rows > budget:
                 break
             t = fixed + per_row * (decode_rows + rows)       # this step: the m first answered
-            total = m * t
-            for n in sizes[m:]:                               # then one more per step
-                t += fixed + per_row * (decode_rows + n)
+            total, decodes = m * t, decode_rows + m
+            for s in order[m:]:          # then one at a time, in steps beside the decodes
+                cap = self.prompt_cap()
+                cap = self.n_batch - decodes if cap is None else max(MIN_PROMPT_ROWS, cap)
+                steps = -(-s.n_pending // max(1, cap))
+                t += steps * (fixed + per_row * decodes) + per_row * s.n_pending
                 total += t
+                decodes += 1
             if total < best:
                 best, best_m = total, m
         chosen = order[:best_m]
