@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--streams", default="1,8")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--ggserve-args", default="", help="more ggserve flags (e.g. -ngl 99)")
     ap.add_argument("--llama-args", default="", help="more llama-server flags")
     ap.add_argument("--out", default=os.path.join(_HERE, "results", "lora.json"))
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     model = args.model or _load("ggserve_llama_run", os.path.join(_HERE, "..", "tests", "data",
                                                                    "llama_server_run.py")).smollm2_path()
     streams = [int(s) for s in args.streams.split(",")]
+    scenarios = args.scenarios.split(",")
     tmp = tempfile.mkdtemp(prefix="ggserve-lora-bench-")
     servers = []
     try:
@@ -146,9 +148,9 @@ def main(argv=None) -> int:
         for s in servers:
             s.wait()
             one(s.url, 8, None)                                   # warm-up
-        runs = {(s.name, sc, k): [] for s in servers for sc in SCENARIOS for k in streams}
+        runs = {(s.name, sc, k): [] for s in servers for sc in scenarios for k in streams}
         for rnd in range(args.rounds):
-            for sc in SCENARIOS:
+            for sc in scenarios:
                 for k in streams:
                     order = servers if rnd % 2 == 0 else servers[::-1]
                     for s in order + order[::-1]:                  # A B B A
@@ -158,11 +160,12 @@ def main(argv=None) -> int:
         results = [{"server": n, "scenario": sc, "streams": k, "decode_tps": statistics.median(v), "runs_tps": v}
                    for (n, sc, k), v in runs.items()]
         by = {(r["server"], r["scenario"], r["streams"]): r["decode_tps"] for r in results}
+        base = {n: {k: by.get((n, "none", k), float("nan")) for k in streams} for n in ("ggserve", "llama-server")}
         ratios = [{"scenario": sc, "streams": k,
                    "ggserve_over_llama_server": by["ggserve", sc, k] / by["llama-server", sc, k],
-                   "ggserve_vs_none": by["ggserve", sc, k] / by["ggserve", "none", k],
-                   "llama_server_vs_none": by["llama-server", sc, k] / by["llama-server", "none", k]}
-                  for sc in SCENARIOS for k in streams]
+                   "ggserve_vs_none": by["ggserve", sc, k] / base["ggserve"][k],
+                   "llama_server_vs_none": by["llama-server", sc, k] / base["llama-server"][k]}
+                  for sc in scenarios for k in streams]
         print(f"\n{'scenario':10s} {'streams':>7s} {'ggserve':>9s} {'llama-srv':>9s} {'gg/ll':>6s} "
               f"{'gg/none':>8s} {'ll/none':>8s}")
         for r in ratios:
@@ -173,10 +176,15 @@ def main(argv=None) -> int:
                   "ggserve_argv": servers[0].argv, "llama_argv": servers[1].argv}
         common.write_json(args.out, common.envelope("lora", config, results, ratios=ratios))
         print(f"wrote {args.out}")
+    except BaseException:
+        print(f"server logs kept in {tmp}", flush=True)
+        tmp = None
+        raise
     finally:
         for s in servers:
             s.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
