@@ -73,6 +73,8 @@ class LoadedModel:
         n_layer = meta.get(f"{arch}.block_count", 0)
         # graph size: ~60 nodes per layer plus 6 per attention call (at most one per sequence)
         max_nodes = max(16384, n_layer * (64 + 6 * n_parallel) + 4096)
+        # and per LoRA adapter in use up to 7 adapted matrices a layer, ~24 nodes each (two planned products)
+        max_nodes += len(adapters.lora) * n_layer * 7 * 24 if adapters else 0
         self.backend = ggml.Backend(n_threads=default_threads(n_threads), max_nodes=max_nodes, rpc=rpc)
         # cpu_kernels False: ggml's kernels for every product, to measure what ggserve's own give
         # (native/kernels/matmul.c; the same bits either way)
