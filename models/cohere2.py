@@ -72,6 +72,11 @@ class Cohere2Model(Decoder):
         return g.rope(t, pos, self.n_rot, self.rope_type, self.n_ctx_orig, self.rope_base, 1.0,
                       0.0, 1.0, 32.0, 1.0, None)
 
+    def shift_k(self, g, il, k, shift):
+        """llama.cpp's K-shift rotates the global layers' keys too, though their forward has no rope."""
+        return g.rope(k, shift, self.n_rot, self.rope_type, self.n_ctx_orig, self.rope_base, 1.0,
+                      0.0, 1.0, 32.0, 1.0, None)
+
     def head(self, g, inp, x):
         x = layer_norm(g, x, self.output_norm, self.eps)
         return g.scale(inp.head(g, self.output, x), self.logit_scale)

@@ -118,6 +118,10 @@ class DeepSeek2Model(Decoder):
     def rope(self, g, il, t, pos):
         return self.rope_scaling.apply(g, t, pos, self.n_rot, self.rope_type)
 
+    def k_rope_span(self, il):
+        """(first value, values) of a cached row that carry the rope: the tail after the compressed KV."""
+        return self.kv_lora, self.n_rot
+
     def attention(self, g, inp, il, L, h, temp):
         """Absorbed MLA: normed h [n_embd, n_tokens] -> attn_output [n_embd, n_tokens]."""
         n, H, r, rot, nope = inp.n_tokens, self.n_head, self.kv_lora, self.n_rot, self.n_nope

@@ -59,3 +59,8 @@ class Exaone4Model(Decoder):
             return t
         return g.rope(t, pos, self.head_dim, self.rope_type, self.n_ctx_orig, self.rope_base, self.rope_scale,
                       0.0, 1.0, 32.0, 1.0, self.rope_freqs)
+
+    def shift_k(self, g, il, k, shift):
+        """llama.cpp's K-shift rotates the global layers' keys too, though their forward has no rope."""
+        return g.rope(k, shift, self.head_dim, self.rope_type, self.n_ctx_orig, self.rope_base, self.rope_scale,
+                      0.0, 1.0, 32.0, 1.0, self.rope_freqs)

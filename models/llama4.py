@@ -80,6 +80,11 @@ class Llama4Model(Decoder):
         t = self.rope_scaling.apply(g, t, pos, self.n_rot, self.rope_type, self.rope_freqs, freq_base=base)
         return g.rms_norm(t, self.eps) if self.use_kq_norm else t
 
+    def shift_k(self, g, il, k, shift):
+        """llama.cpp's K-shift: the rope alone (no L2 norm), the global layers' keys rotated too."""
+        base = self.rope_base_swa if self.swa_layers[il] else self.rope_scaling.freq_base
+        return self.rope_scaling.apply(g, k, shift, self.n_rot, self.rope_type, self.rope_freqs, freq_base=base)
+
     def scale_q(self, g, il, q, temp):
         return q if self.use_rope[il] else g.mul(q, temp)
 

@@ -153,8 +153,11 @@ class KVCache:
             cells = np.zeros(0, dtype=np.int64)
             ranges = ((max(r0, above), r1), (above, self.size), (0, self.size))
             if seq in self._refill and ext:
-                ranges = ((ext[0], above),) + ranges
-                if not free[ext[0]:above].any():
+                # after a context shift llama.cpp searches from the cache's first free cell
+                # (seq_add resets its head to 0): the freed cells, from the region's start
+                lo = min(r0, ext[0])
+                ranges = ((lo, above),) + ranges
+                if not free[lo:above].any():
                     self._refill.discard(seq)
             for lo, hi in ranges:
                 if len(cells) >= n or lo >= hi:

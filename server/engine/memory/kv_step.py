@@ -153,8 +153,10 @@ def rotation_values() -> dict[str, np.ndarray]:
 def shift_keys(cache, backend, model, c0: int, c1: int, shift: np.ndarray) -> None:
     """Re-rotate the keys of cells c0..c1 by their position change `shift` (int32
     [c1 - c0], 0 for cells that did not move: a rotation by 0 leaves them as they
-    are) with the model's rope (`model.shift_k`); a quantized key goes through
-    f32 (and out of and back into its Hadamard rotation), as in llama.cpp."""
+    are) with the model's rope (`model.shift_k`, None: a layer llama.cpp does not
+    shift); a quantized key goes through f32 (and out of and back into its Hadamard
+    rotation), as in llama.cpp. Only the roped values of a key row move: all of it, or
+    what `model.k_rope_span` names (MLA: the rope dimensions after the compressed KV)."""
     g = backend.graph()
     try:
         t_shift = g.input("k_shift", ggml.I32, (c1 - c0,))
@@ -164,16 +166,22 @@ def shift_keys(cache, backend, model, c0: int, c1: int, shift: np.ndarray) -> No
         rot = g.input(f"kv_rot_{n_rot}", ggml.F32, (n_rot, n_rot)) if n_rot else None
         if n_rot:
             values[rot] = hadamard(n_rot)
+        span = getattr(model, "k_rope_span", None)
         for il, kc in enumerate(cache.k):
             if kc is None:
                 continue
-            n_embd = cache.layers[il].n_embd_k
-            view = g.view(kc, (n_embd, c1 - c0), (kc.nb[1],), c0 * kc.nb[1])
+            lo, width = span(il) if span else (0, cache.layers[il].n_embd_k)
+            head = width if span else hd
+            off = c0 * kc.nb[1] + ggml.row_size(cache.type_k, lo)
+            view = g.view(kc, (width, c1 - c0), (kc.nb[1],), off)
             plain = cache.type_k in _PLAIN
-            cur = g.reshape(view if plain else g.cast(view, ggml.F32), hd, n_embd // hd, c1 - c0)
+            cur = g.view(kc, (head, width // head, c1 - c0), (ggml.row_size(cache.type_k, head), kc.nb[1]), off) \
+                if plain else g.reshape(g.cast(view, ggml.F32), head, width // head, c1 - c0)
             if n_rot:
                 cur = _turn(g, cur, rot)
             cur = model.shift_k(g, il, cur, t_shift)
+            if cur is None:
+                continue
             if n_rot:
                 cur = _turn(g, cur, rot)
             g.expand(g.cpy(cur, view))
