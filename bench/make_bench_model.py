@@ -35,17 +35,28 @@ SHAPES = {
     "qwen3-30b-a3b": dict(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
                           n_ff=6144, n_expert=128, n_used=8, n_ff_exp=768, n_vocab=151936, n_ctx=40960,
                           rope_base=1_000_000.0, eps=1e-6, qk_norm=True),
+    # GLM-4.5-Air: a dense first layer, then 128 routed experts (sigmoid routing, bias for
+    # selection) beside a shared one; half the head rotated; q/k/v biases. The vocabulary is
+    # Qwen3's 151936 tokens (GLM's has 151552): the synthetic GLM file's is far smaller.
+    "glm4.5-air": dict(arch="glm4moe", n_layer=46, n_embd=4096, n_head=96, n_head_kv=8, head_dim=128,
+                       n_ff=10944, n_expert=128, n_used=8, n_ff_exp=1408, n_vocab=151936, n_ctx=131072,
+                       rope_base=1_000_000.0, eps=1e-5, qk_norm=False, n_rot=64, qkv_bias=True,
+                       n_dense=1, n_shared=1, ffn_norm="post_attention_norm",
+                       extra={"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_gating_func": 2,
+                              "expert_weights_scale": 1.0, "expert_weights_norm": True, "expert_group_count": 1,
+                              "expert_group_used_count": 1, "nextn_predict_layers": 0}),
     "llama3.1-8b": dict(arch="llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
                         n_ff=14336, n_expert=0, n_vocab=128256, n_ctx=131072, rope_base=500_000.0, eps=1e-5,
                         qk_norm=False),
 }
 # bytes per block, values per block
-_BLOCKS = {"q4_0": (18, 32), "q8_0": (34, 32), "q4_K": (144, 256)}
-_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-          "q4_K": gguf.GGMLQuantizationType.Q4_K}
+_BLOCKS = {"q4_0": (18, 32), "q5_0": (22, 32), "q8_0": (34, 32), "q4_K": (144, 256)}
+_TYPES = {"q4_0": gguf.GGMLQuantizationType.Q4_0, "q5_0": gguf.GGMLQuantizationType.Q5_0,
+          "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_K": gguf.GGMLQuantizationType.Q4_K}
 _GOLDEN_SYNTH = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden" / "synth" / "models"
 # where each shape's tokenizer comes from by default (its vocabulary size must match)
-VOCAB_SOURCES = {"qwen3-30b-a3b": _GOLDEN_SYNTH / "synth-qwen3moe-q8_0.gguf", "llama3.1-8b": None}
+VOCAB_SOURCES = {"qwen3-30b-a3b": _GOLDEN_SYNTH / "synth-qwen3moe-q8_0.gguf",
+                 "glm4.5-air": _GOLDEN_SYNTH / "synth-qwen3moe-q8_0.gguf", "llama3.1-8b": None}
 
 
 def random_blocks(rng, qtype: str, n_rows: int, row_len: int) -> np.ndarray:
@@ -56,6 +67,9 @@ def random_blocks(rng, qtype: str, n_rows: int, row_len: int) -> np.ndarray:
     target = 1.0 / np.sqrt(row_len)
     if qtype == "q4_0":          # d * (q - 8), q uniform 0..15: std ~ 4.6 d
         d = target / 4.6
+        b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+    elif qtype == "q5_0":        # d * (q - 16), q uniform 0..31: std ~ 9.2 d
+        d = target / 9.2
         b[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
     elif qtype == "q8_0":        # d * q, q uniform -128..127: std ~ 74 d
         d = target / 74
@@ -88,8 +102,11 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
         w.add_expert_count(s["n_expert"])
         w.add_expert_used_count(s["n_used"])
         w.add_expert_feed_forward_length(s["n_ff_exp"])
-    else:
-        w.add_rope_dimension_count(s["head_dim"])
+    if s.get("n_rot") or not s["n_expert"]:
+        w.add_rope_dimension_count(s.get("n_rot", s["head_dim"]))
+    for key, value in s.get("extra", {}).items():      # the architecture's own keys
+        adder = w.add_bool if isinstance(value, bool) else w.add_uint32 if isinstance(value, int) else w.add_float32
+        adder(f"{s['arch']}.{key}", value)
     w.add_file_type({"q4_0": 2, "q8_0": 7, "q4_K": 15}[qtype])
     for key, field in src.fields.items():
         if key.startswith("tokenizer."):
@@ -119,20 +136,34 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
 
 
 def _tensors(s: dict, n_layer: int, qtype: str) -> list:
-    """(name, type, numpy-order dims before the row, row length) of every tensor."""
+    """(name, type, numpy-order dims before the row, row length) of every tensor; a row that
+    k-quant blocks do not tile takes q5_0, as llama-quantize falls back for Q4_K."""
+    return [(n, "q5_0" if t == "q4_K" and r % 256 else t, o, r) for n, t, o, r in _all_tensors(s, n_layer, qtype)]
+
+
+def _all_tensors(s: dict, n_layer: int, qtype: str) -> list:
     e, q, kv = s["n_embd"], s["n_head"] * s["head_dim"], s["n_head_kv"] * s["head_dim"]
     tensors = [("token_embd.weight", qtype, (s["n_vocab"],), e), ("output_norm.weight", "f32", (e,), None),
                ("output.weight", qtype, (s["n_vocab"],), e)]
     for i in range(n_layer):
         p = f"blk.{i}."
-        tensors += [(p + "attn_norm.weight", "f32", (e,), None), (p + "ffn_norm.weight", "f32", (e,), None),
+        ffn_norm = s.get("ffn_norm", "ffn_norm")
+        tensors += [(p + "attn_norm.weight", "f32", (e,), None), (p + f"{ffn_norm}.weight", "f32", (e,), None),
                     (p + "attn_q.weight", qtype, (q,), e), (p + "attn_k.weight", qtype, (kv,), e),
                     (p + "attn_v.weight", qtype, (kv,), e), (p + "attn_output.weight", qtype, (e,), q)]
+        if s.get("qkv_bias"):
+            tensors += [(p + "attn_q.bias", "f32", (q,), None), (p + "attn_k.bias", "f32", (kv,), None),
+                        (p + "attn_v.bias", "f32", (kv,), None)]
         if s["qk_norm"]:
             tensors += [(p + "attn_q_norm.weight", "f32", (s["head_dim"],), None),
                         (p + "attn_k_norm.weight", "f32", (s["head_dim"],), None)]
-        if s["n_expert"]:
+        if s["n_expert"] and i >= s.get("n_dense", 0):
             nx, ff = s["n_expert"], s["n_ff_exp"]
+            if s.get("n_shared"):
+                sh = s["n_shared"] * ff
+                tensors += [(p + "exp_probs_b.bias", "f32", (nx,), None),
+                            (p + "ffn_gate_shexp.weight", qtype, (sh,), e), (p + "ffn_up_shexp.weight", qtype, (sh,), e),
+                            (p + "ffn_down_shexp.weight", qtype, (e,), sh)]
             tensors += [(p + "ffn_gate_inp.weight", "f32", (nx, e), None),
                         (p + "ffn_gate_exps.weight", qtype, (nx, ff), e),
                         (p + "ffn_up_exps.weight", qtype, (nx, ff), e),
@@ -170,7 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     shape = SHAPES[a.shape]
-    layers = a.layers or (4 if a.shape == "qwen3-30b-a3b" else shape["n_layer"])
+    layers = a.layers or (4 if shape["n_expert"] else shape["n_layer"])
     vocab = a.vocab or VOCAB_SOURCES[a.shape]
     if vocab is None or not vocab.is_file():
         print(f"vocabulary source missing: {vocab or 'give --vocab'}", file=sys.stderr)
