@@ -5,21 +5,21 @@ from __future__ import annotations
 import json
 import threading
 import time
+import types
 from dataclasses import dataclass
 
 import httpx
 import pytest
 from pydantic import ValidationError
-
-from ggserve.server.api import schemas as S
-from ggserve.server.app import ServerConfig, create_app
-from ggserve.server.api.errors import APIError, to_api_error
-from ggserve.server.chat.prompts import PromptBuilder
-from ggserve.server.request_errors import ContextLengthExceeded
-from ggserve.server.engine.sequence import TokenEvent
-from ggserve.server.chat.stops import StopMatcher
 from server_harness import RunningServer, sse_events
 
+from ggserve.server.api import schemas as S
+from ggserve.server.api.errors import APIError, to_api_error
+from ggserve.server.app import ServerConfig, create_app
+from ggserve.server.chat.prompts import PromptBuilder
+from ggserve.server.chat.stops import StopMatcher
+from ggserve.server.engine.sequence import TokenEvent
+from ggserve.server.request_errors import ContextLengthExceeded
 
 # -- stop strings ----------------------------------------------------------------
 
@@ -191,6 +191,7 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer()
         self.chat_template = FakeTemplate()
         self.model_name = "fake"
+        self.loaded = types.SimpleNamespace(adapters=types.SimpleNamespace(loras=[], scales=[]))   # no LoRA
         self.n_ctx, self.n_parallel, self.step_s = n_ctx, n_parallel, step_s
         self.n_ctx_train, self.kv_size = 2048, n_ctx * n_parallel
         self.waiting, self.running = [], {}

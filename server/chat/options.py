@@ -74,7 +74,7 @@ RESERVED_TEMPLATE_VARS = frozenset(inspect.signature(ChatTemplate.render).parame
 def chat_options(req, cfg, template) -> ChatOptions:
     """Check the request's tool, format and reasoning fields (400s name the field).
     template: the model's ChatTemplate (or only its source text)."""
-    template_source = getattr(template, "source", template) or ""
+    template_source = template if isinstance(template, str) else getattr(template, "source", "") or ""
     reserved = sorted(RESERVED_TEMPLATE_VARS & set(req.chat_template_kwargs or {}))
     if reserved:
         raise InvalidOption(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets "
@@ -106,7 +106,7 @@ def _reasoning_syntax(syntax: co.Format, template) -> None:
     (models/template_reasoning.py; none: no reasoning is split off); else the format's tags."""
     markers = getattr(template, "reasoning", None)
     if markers is None or getattr(template, "family", None) is not None or type(syntax).think != co.Format.think:
-        source = getattr(template, "source", template) or ""
+        source = template if isinstance(template, str) else getattr(template, "source", "") or ""
         syntax.reasoning_template = bool(syntax.think[0]) and syntax.think[0] in source
         return
     syntax.think = (markers.start.strip(" \t\r\n"), markers.end.strip(" \t\r\n")) if markers.supported else ("", "")
