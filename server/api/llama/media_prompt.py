@@ -16,6 +16,7 @@ from ggserve.server.api.errors import invalid
 from ggserve.server.api.media import MediaError, decode_image
 from ggserve.server.api.media_parts import decode_clip
 from ggserve.server.chat.prompts import Prompt
+from ggserve.server.request_errors import ImagesNotSupported
 
 
 def is_media_prompt(p) -> bool:
@@ -38,7 +39,10 @@ def _media(api, files: list, param: str) -> list:
             api.service.prompts.check_audio(1)
             out.append((sha, decode_clip(data, api.media, api.service.prompts.audio.sample_rate, where)))
             continue
-        api.service.prompts.check_images(1)
+        try:
+            api.service.prompts.check_images(1)
+        except ImagesNotSupported as e:     # llama-server names the field
+            raise ImagesNotSupported(f"multimodal_data: {e}") from None
         try:
             out.append((sha, decode_image(data, api.media).image))
         except MediaError as e:
