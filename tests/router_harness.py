@@ -45,14 +45,18 @@ def wait_status(url: str, model: str, want: str, timeout: float = 120.0) -> None
 
 
 def children(pid: int | None = None) -> list[int]:
-    """This process's child processes (the models' `ggserve serve`)."""
+    """This process's `ggserve serve` child processes (the models'; not the grammar workers
+    or other helpers that earlier tests of the same run left as children)."""
     pid = pid or os.getpid()
     out = []
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
                 with open(f"/proc/{p}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) != pid:
+                        continue
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if b"\0serve\0" in f.read():
                         out.append(int(p))
             except (OSError, IndexError, ValueError):
                 pass
