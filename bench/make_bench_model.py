@@ -88,16 +88,7 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, s["arch"])
     w.add_name(f"{shape}-bench-{n_layer}l-{qtype}")
-    w.add_context_length(s["n_ctx"])
-    w.add_embedding_length(s["n_embd"])
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(s["n_ff"])
-    w.add_head_count(s["n_head"])
-    w.add_head_count_kv(s["n_head_kv"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_rope_freq_base(s["rope_base"])
-    w.add_layer_norm_rms_eps(s["eps"])
+    add_shape_and_vocab(w, s, n_layer, src)
     if s["n_expert"]:
         w.add_expert_count(s["n_expert"])
         w.add_expert_used_count(s["n_used"])
@@ -108,9 +99,6 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
         adder = w.add_bool if isinstance(value, bool) else w.add_uint32 if isinstance(value, int) else w.add_float32
         adder(f"{s['arch']}.{key}", value)
     w.add_file_type({"q4_0": 2, "q8_0": 7, "q4_K": 15}[qtype])
-    for key, field in src.fields.items():
-        if key.startswith("tokenizer."):
-            _copy_field(w, key, field)
 
     tensors = _tensors(s, n_layer, qtype)
     for name, t, outer, row_len in tensors:       # outer: numpy-order dims before the row
@@ -133,6 +121,23 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
             data = random_blocks(rng, t, rows, row_len).reshape(*outer, -1)
         w.write_tensor_data(data)
     w.close()
+
+
+def add_shape_and_vocab(w: gguf.GGUFWriter, s: dict, n_layer: int, src: gguf.GGUFReader) -> None:
+    """The hyperparameters every shape has, and src's tokenizer (tokenizer.* keys copied)."""
+    w.add_context_length(s["n_ctx"])
+    w.add_embedding_length(s["n_embd"])
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(s["n_ff"])
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_rope_freq_base(s["rope_base"])
+    w.add_layer_norm_rms_eps(s["eps"])
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer."):
+            _copy_field(w, key, field)
 
 
 def _tensors(s: dict, n_layer: int, qtype: str) -> list:

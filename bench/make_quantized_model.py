@@ -31,7 +31,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_bench_model import _copy_field  # noqa: E402
+from make_bench_model import add_shape_and_vocab
 
 SHAPES = {
     "llama3.2-1b": dict(n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=8192,
@@ -74,22 +74,10 @@ def write_f16(path: str, shape: str, n_layer: int, src: gguf.GGUFReader, seed: i
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, "llama")
     w.add_name(f"{shape}-bench-{n_layer}l")
-    w.add_context_length(s["n_ctx"])
-    w.add_embedding_length(s["n_embd"])
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(s["n_ff"])
-    w.add_head_count(s["n_head"])
-    w.add_head_count_kv(s["n_head_kv"])
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
+    add_shape_and_vocab(w, s, n_layer, src)
     w.add_rope_dimension_count(s["head_dim"])
-    w.add_rope_freq_base(s["rope_base"])
-    w.add_layer_norm_rms_eps(s["eps"])
     w.add_vocab_size(s["n_vocab"])
     w.add_file_type(1)                       # MOSTLY_F16
-    for key, field in src.fields.items():
-        if key.startswith("tokenizer."):
-            _copy_field(w, key, field)
     specs = tensors(s, n_layer)
     for name, dims in specs:
         dtype = np.float32 if len(dims) == 1 else np.float16

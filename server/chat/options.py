@@ -74,7 +74,6 @@ RESERVED_TEMPLATE_VARS = frozenset(inspect.signature(ChatTemplate.render).parame
 def chat_options(req, cfg, template) -> ChatOptions:
     """Check the request's tool, format and reasoning fields (400s name the field).
     template: the model's ChatTemplate (or only its source text)."""
-    template_source = template if isinstance(template, str) else getattr(template, "source", "") or ""
     reserved = sorted(RESERVED_TEMPLATE_VARS & set(req.chat_template_kwargs or {}))
     if reserved:
         raise InvalidOption(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets "
@@ -92,12 +91,17 @@ def chat_options(req, cfg, template) -> ChatOptions:
     # a named tool_choice forces exactly one call
     opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
                        parallel=req.parallel_tool_calls and not isinstance(choice, dict))
-    opts.syntax = co.detect(template_source)(tools)
+    opts.syntax = co.detect(_template_source(template))(tools)
     _reasoning_syntax(opts.syntax, template)
     if tools:
         opts.fmt = opts.syntax
     _constrain(opts, req, cfg, forced)
     return opts
+
+
+def _template_source(template) -> str:
+    """A ChatTemplate's source text; a template given as its text is its own source."""
+    return template if isinstance(template, str) else getattr(template, "source", "") or ""
 
 
 def _reasoning_syntax(syntax: co.Format, template) -> None:
@@ -106,8 +110,7 @@ def _reasoning_syntax(syntax: co.Format, template) -> None:
     (models/template_reasoning.py; none: no reasoning is split off); else the format's tags."""
     markers = getattr(template, "reasoning", None)
     if markers is None or getattr(template, "family", None) is not None or type(syntax).think != co.Format.think:
-        source = template if isinstance(template, str) else getattr(template, "source", "") or ""
-        syntax.reasoning_template = bool(syntax.think[0]) and syntax.think[0] in source
+        syntax.reasoning_template = bool(syntax.think[0]) and syntax.think[0] in _template_source(template)
         return
     syntax.think = (markers.start.strip(" \t\r\n"), markers.end.strip(" \t\r\n")) if markers.supported else ("", "")
     syntax.reasoning_template = markers.supported

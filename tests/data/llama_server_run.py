@@ -17,9 +17,10 @@ def smollm2_path() -> str:
 
 
 @contextlib.contextmanager
-def llama_server(cmd: list[str], url: str):
-    """Run llama-server as `cmd` (listening at url) until the block ends; yields url once /health is 200."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def llama_server_process(cmd: list[str], url: str, stderr=subprocess.DEVNULL):
+    """Run llama-server as `cmd` (listening at url) until the block ends; yields its Popen once
+    /health is 200 (stderr=subprocess.PIPE keeps its log for the block to read)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         for _ in range(600):
             try:
@@ -28,10 +29,18 @@ def llama_server(cmd: list[str], url: str):
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        yield url
+        yield proc
     finally:
-        proc.terminate()
-        proc.wait()
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def llama_server(cmd: list[str], url: str):
+    """Run llama-server as `cmd` (listening at url) until the block ends; yields url once /health is 200."""
+    with llama_server_process(cmd, url):
+        yield url
 
 
 def post_cases(url: str, cases: dict) -> dict:

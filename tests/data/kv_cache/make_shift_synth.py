@@ -13,9 +13,11 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import httpx
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
+from llama_server_run import llama_server_process
 
 HERE = pathlib.Path(__file__).parent
 SYNTH = HERE.parents[3] / "shared" / "golden" / "synth"
@@ -27,31 +29,19 @@ GREEDY = {"temperature": 0.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "repeat_pe
 
 def record(binary: str, arch: str, prompt_ids: list[int], args=ARGS, port: int = 18433) -> dict:
     model = next((SYNTH / "models").glob(f"synth-{arch}-*.gguf"))
-    proc = subprocess.Popen([binary, "-m", str(model), "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    with llama_server_process([binary, "-m", str(model), "--port", str(port), *args], url,
+                              stderr=subprocess.PIPE) as proc:
         try:
             r = httpx.post(url + "/completion", json={"prompt": prompt_ids, **GREEDY}, timeout=600).json()
         except httpx.RemoteProtocolError:       # the server died
             proc.wait(timeout=30)
             died = [line for line in proc.stderr.read().splitlines() if "GGML_ASSERT" in line or " in " in line]
             return {"model": model.name, "llama_server_args": args, "prompt_ids": prompt_ids, "aborted": died[:6]}
-        # the top two logprobs of each step (a near tie lets an implementation choose either)
-        top2 = [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in r["completion_probabilities"]]
-        return {"model": model.name, "llama_server_args": args, "prompt_ids": prompt_ids,
-                "generated_ids": r["tokens"], "truncated": r["truncated"], "stop_type": r["stop_type"], "top2": top2}
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=30)
+    # the top two logprobs of each step (a near tie lets an implementation choose either)
+    top2 = [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in r["completion_probabilities"]]
+    return {"model": model.name, "llama_server_args": args, "prompt_ids": prompt_ids,
+            "generated_ids": r["tokens"], "truncated": r["truncated"], "stop_type": r["stop_type"], "top2": top2}
 
 
 def main(binary: str, archs: list[str]) -> None:
