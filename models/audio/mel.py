@@ -149,17 +149,44 @@ def log_mel(samples: np.ndarray, *, n_mel: int, n_fft: int, hop: int, sample_rat
     padded[:pad] = x[1:pad + 1][::-1]
     n_frames = (padded.size - n_fft) // hop + 1
     frames = np.lib.stride_tricks.as_strided(padded, (n_frames, n_fft), (hop * 4, 4))
-    sin, cos = sin_cos_table(n_fft)
-    re, im = fft_real(frames * hann_window(n_fft), sin, cos)
-    n_bins = n_fft // 2 + 1
-    power = re[:, :n_bins] * re[:, :n_bins] + im[:, :n_bins] * im[:, :n_bins]
-    total = np.maximum(_mel_dot(power, mel_filters(n_mel, n_fft, sample_rate)), MEL_FLOOR)
-    mel = np.fromiter(map(math.log10, total.ravel()), np.float64, total.size).astype(np.float32)
-    mel = mel.reshape(n_frames, n_mel).T
+    total = _mel_energies(frames, hann_window(n_fft), mel_filters(n_mel, n_fft, sample_rate), MEL_FLOOR, power=True)
+    mel = _libm_rounded(np.log10, math.log10, total).reshape(n_frames, n_mel).T
     floor = float(mel.max()) - 8.0
     mel = mel.astype(np.float64)                      # compared and shifted in double, as the C++
     mel = np.where(mel < floor, float(np.float32(floor)), mel)
     return np.ascontiguousarray(((mel + 4.0) / 4.0).astype(np.float32))
+
+
+def _mel_energies(frames: np.ndarray, window: np.ndarray, filters: np.ndarray, floor: float,
+                  power: bool) -> np.ndarray:
+    """float64 [F, n_mel]: max(the mel filters' sums of each frame's power (or magnitude)
+    spectrum, floor). A frame of zeros (the 30 s of padding after a Whisper clip, silence)
+    gives zeros in every bin, so `floor` without its FFT."""
+    n_fft = frames.shape[1]
+    live = np.flatnonzero(frames.any(axis=1))
+    total = np.full((frames.shape[0], filters.shape[0]), floor, np.float64)
+    if live.size:
+        sin, cos = sin_cos_table(n_fft)
+        re, im = fft_real(frames[live] * window, sin, cos)
+        k = n_fft // 2 + 1
+        spec = re[:, :k] * re[:, :k] + im[:, :k] * im[:, :k]
+        total[live] = np.maximum(_mel_dot(spec if power else np.sqrt(spec), filters), floor)
+    return total
+
+
+def _libm_rounded(fast, exact, x: np.ndarray) -> np.ndarray:
+    """float32(exact(x)) for float64 x, exact being libm's log10 or log (what the C++ calls).
+    numpy's `fast` twin runs without the GIL (a Python loop over a clip's 400k values held it
+    for tens of ms, stalling the engine's thread) but may differ from libm by a few ulps of the
+    double: only where such ulps could move the float32 rounding is libm asked again."""
+    y = fast(x.ravel())
+    out = y.astype(np.float32)
+    # y within 2^-40 (relative; thousands of double ulps) of a float32 rounding boundary,
+    # or near 0 where a vector log's relative error is least sure
+    unsure = np.flatnonzero(((y * (1 - 2.0 ** -40)).astype(np.float32) != (y * (1 + 2.0 ** -40)).astype(np.float32))
+                            | (np.abs(y) < 1e-6))
+    out[unsure] = np.array([exact(v) for v in x.ravel()[unsure]], np.float64).astype(np.float32)
+    return out
 
 
 def whisper_chunks(samples: np.ndarray, n_mel: int = 128) -> list[np.ndarray]:
@@ -185,7 +212,6 @@ def gemma4_chunks(samples: np.ndarray, n_mel: int = 128, rate: int = 16000) -> l
     n_fft, window, hop = 512, 320, 160
     x = np.asarray(samples, np.float32)
     filters = mel_filters(n_mel, n_fft, rate, 0.0, rate / 2.0, slaney_area_norm=False, use_htk=True)
-    sin, cos = sin_cos_table(n_fft)
     out = []
     for off in range(0, x.size, 30 * rate):
         piece = x[off:off + 30 * rate]
@@ -196,11 +222,7 @@ def gemma4_chunks(samples: np.ndarray, n_mel: int = 128, rate: int = 16000) -> l
         padded[pad_left:pad_left + piece.size] = piece
         n_len = (padded.size - n_fft) // hop + 1
         frames = np.lib.stride_tricks.as_strided(padded, (n_len, n_fft), (hop * 4, 4))
-        re, im = fft_real(frames * gemma4_window(window, n_fft), sin, cos)
-        k = n_fft // 2 + 1
-        magnitude = np.sqrt(re[:, :k] * re[:, :k] + im[:, :k] * im[:, :k])
-        total = np.maximum(_mel_dot(magnitude, filters), float(np.float32(0.001)))
-        mel = np.fromiter(map(math.log, total.ravel()), np.float64, total.size).astype(np.float32)
-        mel = mel.reshape(n_len, n_mel).T[:, :min(n_len, n_frames)]
+        total = _mel_energies(frames, gemma4_window(window, n_fft), filters, float(np.float32(0.001)), power=False)
+        mel = _libm_rounded(np.log, math.log, total).reshape(n_len, n_mel).T[:, :min(n_len, n_frames)]
         out.append(np.ascontiguousarray(mel))
     return out
