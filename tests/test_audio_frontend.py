@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ggserve.models.audio.decode import AudioError, decode, exact_build, resampled_length, sniff
-from ggserve.models.audio.mel import log_mel, whisper_chunks
+from ggserve.models.audio.mel import gemma4_chunk_frames, gemma4_chunks, log_mel, whisper_chunk_frames, whisper_chunks
 
 AUDIO = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden" / "synth-audio" / "audio"
 DECODED = json.loads((AUDIO / "decoded_pcm.json").read_text())["clips"]
@@ -52,6 +52,14 @@ def test_whisper_log_mel_equals_llama_cpp(clip):
 def test_whisper_chunks_cut_3000_frames_dropping_the_tail(clip, n_chunks):
     chunks = whisper_chunks(decode((AUDIO / clip).read_bytes()))
     assert [c.shape for c in chunks] == [(128, 3000)] * n_chunks
+
+
+@pytest.mark.parametrize("n", [1, 160, 161, 400, 16000, 480000, 480001, 480161, 976007])
+def test_chunk_frames_counted_from_the_length_equal_the_chunks_cut(n):
+    # a prompt lays out a clip's chunks from these counts; its log-mel comes when the first is encoded
+    samples = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    assert [c.shape[1] for c in whisper_chunks(samples)] == whisper_chunk_frames(n)
+    assert [c.shape[1] for c in gemma4_chunks(samples)] == gemma4_chunk_frames(n)
 
 
 def test_containers_found_by_magic_bytes_as_mtmd():

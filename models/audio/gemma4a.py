@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from ggserve.models.audio.mel import _LIBM, gemma4_chunks
+from ggserve.models.audio.mel import _LIBM, gemma4_chunk_frames, gemma4_chunks
 from ggserve.models.vision import vit
 from ggserve.native import ggml
 
@@ -87,6 +87,10 @@ class Gemma4AudioEncoder:
 
     def mel_chunks(self, samples):
         return gemma4_chunks(samples, self.cfg.n_mel, self.cfg.sample_rate)
+
+    def chunk_frames(self, n_samples: int) -> list[int]:
+        """Each chunk's mel frames for n_samples (what mel_chunks cuts), without computing them."""
+        return gemma4_chunk_frames(n_samples, self.cfg.sample_rate)
 
     @staticmethod
     def n_tokens(n_frames: int = 3000) -> int:

@@ -196,6 +196,13 @@ def whisper_chunks(samples: np.ndarray, n_mel: int = 128) -> list[np.ndarray]:
     return [np.ascontiguousarray(mel[:, i * WHISPER_CHUNK_FRAMES:(i + 1) * WHISPER_CHUNK_FRAMES]) for i in range(n)]
 
 
+def whisper_chunk_frames(n_samples: int) -> list[int]:
+    """The frames of each chunk whisper_chunks cuts from n_samples, without computing them."""
+    n_fft, hop = 400, 160
+    padded = max(n_samples, n_fft // 2 + 1) + 16000 * 30 + n_fft
+    return [WHISPER_CHUNK_FRAMES] * (((padded - n_fft) // hop + 1) // WHISPER_CHUNK_FRAMES)
+
+
 @functools.cache
 def gemma4_window(window: int, n_fft: int) -> np.ndarray:
     """A periodic Hann of `window` samples in float arithmetic, zeros after it up to n_fft."""
@@ -207,9 +214,12 @@ def gemma4_window(window: int, n_fft: int) -> np.ndarray:
     return out
 
 
+GEMMA4_FFT, GEMMA4_WINDOW, GEMMA4_HOP = 512, 320, 160
+
+
 def gemma4_chunks(samples: np.ndarray, n_mel: int = 128, rate: int = 16000) -> list[np.ndarray]:
     """mtmd's gemma4a front end: 30 s pieces, each float32 [n_mel, n_frames] (see the module doc)."""
-    n_fft, window, hop = 512, 320, 160
+    n_fft, window, hop = GEMMA4_FFT, GEMMA4_WINDOW, GEMMA4_HOP
     x = np.asarray(samples, np.float32)
     filters = mel_filters(n_mel, n_fft, rate, 0.0, rate / 2.0, slaney_area_norm=False, use_htk=True)
     out = []
@@ -225,4 +235,15 @@ def gemma4_chunks(samples: np.ndarray, n_mel: int = 128, rate: int = 16000) -> l
         total = _mel_energies(frames, gemma4_window(window, n_fft), filters, float(np.float32(0.001)), power=False)
         mel = _libm_rounded(np.log, math.log, total).reshape(n_len, n_mel).T[:, :min(n_len, n_frames)]
         out.append(np.ascontiguousarray(mel))
+    return out
+
+
+def gemma4_chunk_frames(n_samples: int, rate: int = 16000) -> list[int]:
+    """The frames of each piece gemma4_chunks cuts from n_samples, without computing them."""
+    out = []
+    for off in range(0, n_samples, 30 * rate):
+        size = min(30 * rate, n_samples - off)
+        n_frames = (size + GEMMA4_WINDOW // 2 - (GEMMA4_WINDOW + 1)) // GEMMA4_HOP + 1
+        total_pad = max((n_frames - 1) * GEMMA4_HOP + GEMMA4_FFT - size, GEMMA4_WINDOW // 2)
+        out.append(min((total_pad + size - GEMMA4_FFT) // GEMMA4_HOP + 1, n_frames))
     return out

@@ -8,6 +8,7 @@ models/audio/whisper.py (ultravox, voxtral, qwen2a), models/audio/gemma4a.py.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,11 +20,46 @@ from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFError, GGUFFile
 
 
+class ClipMel:
+    """A clip's log-mel chunks, computed when the first of them is encoded: on the encoder's
+    worker thread, one CPU thread beside the text steps (server/engine/images/encoder.py), not
+    on the thread that builds prompts for every request; a clip whose embeddings are cached
+    is never computed. Whisper normalises over the whole clip, so all chunks come at once."""
+
+    def __init__(self, samples: np.ndarray, compute, frames: list[int]):
+        self._samples, self._compute, self.frames = samples, compute, frames
+        self._mels = None
+        self._lock = threading.Lock()
+
+    @property
+    def computed(self) -> bool:
+        return self._mels is not None
+
+    def chunk(self, i: int) -> np.ndarray:
+        with self._lock:
+            if self._mels is None:
+                mels = self._compute(self._samples)
+                if [m.shape[1] for m in mels] != self.frames:
+                    raise RuntimeError(f"the front end cut {[m.shape[1] for m in mels]} frames, "
+                                       f"the prompt counted {self.frames}")
+                self._mels, self._samples = mels, None
+            return self._mels[i]
+
+
 @dataclass
 class AudioChunk:
-    """One encoder input: a log-mel chunk float32 [n_mel, n_frames]."""
+    """One encoder input: chunk `index` of a clip's log-mel, float32 [n_mel, n_frames]."""
 
-    mel: np.ndarray
+    clip: ClipMel
+    index: int
+
+    @property
+    def mel(self) -> np.ndarray:
+        return self.clip.chunk(self.index)
+
+    @property
+    def n_frames(self) -> int:
+        return self.clip.frames[self.index]
 
 
 class AudioChunks(list):
@@ -71,9 +107,12 @@ class AudioModel:
         if cfg.n_embd_out and cfg.n_embd_out != self.n_embd_out:
             raise ModelError(f"{path}: clip.audio.projection_dim is {cfg.n_embd_out}, the projector gives "
                              f"{self.n_embd_out}")
+        # the front end's tables (mel filters, window, FFT twiddles) are made in Python loops that
+        # hold the GIL: at load, not on the encoder's thread beside the first request's text steps
+        self.encoder.mel_chunks(np.full(cfg.sample_rate // 10, 0.1, np.float32))
 
     @classmethod
-    def from_gguf(cls, path, backend, device=None) -> "AudioModel":
+    def from_gguf(cls, path, backend, device=None) -> AudioModel:
         """Load an mmproj's audio encoder onto `device` (default: the backend's first).
         ModelError naming the file for anything missing, unsupported or corrupt."""
         path = os.fspath(path)
@@ -116,10 +155,12 @@ class AudioModel:
     # -- preprocessing ---------------------------------------------------------------
 
     def preprocess(self, samples: np.ndarray) -> AudioChunks:
-        """Mono float32 samples at sample_rate -> the clip's chunks (as mtmd cuts them)."""
-        mels = self.encoder.mel_chunks(samples)
-        return AudioChunks([AudioChunk(m) for m in mels], [self.encoder.n_tokens(m.shape[1]) for m in mels],
-                           self.encoder.wrappers())
+        """Mono float32 samples at sample_rate -> the clip's chunks (as mtmd cuts them); their
+        log-mel is computed when the first is encoded (ClipMel)."""
+        frames = self.encoder.chunk_frames(samples.size)
+        clip = ClipMel(samples, self.encoder.mel_chunks, frames)
+        return AudioChunks([AudioChunk(clip, i) for i in range(len(frames))],
+                           [self.encoder.n_tokens(n) for n in frames], self.encoder.wrappers())
 
     # -- graphs ----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from ggserve.models.audio.mel import whisper_chunks
+from ggserve.models.audio.mel import whisper_chunk_frames, whisper_chunks
 from ggserve.models.vision import vit
 from ggserve.native import ggml
 
@@ -84,6 +84,10 @@ class WhisperEncoder:
 
     def mel_chunks(self, samples):
         return whisper_chunks(samples, self.cfg.n_mel)
+
+    def chunk_frames(self, n_samples: int) -> list[int]:
+        """Each chunk's mel frames for n_samples (what mel_chunks cuts), without computing them."""
+        return whisper_chunk_frames(n_samples)
 
     def n_tokens(self, n_frames: int = N_FRAMES) -> int:
         """Embedding rows of one chunk: the graph's (see the module doc)."""
