@@ -77,6 +77,10 @@ def test_json_schema_walk_gives_valid_json(smollm2):
     (None, "mistralai-Mistral-Nemo-Instruct-2407"),
     (None, "deepseek-ai-DeepSeek-V3.1"),
     (None, "moonshotai-Kimi-K2"),
+    (None, "ByteDance-Seed-OSS"),
+    (None, "CohereForAI-c4ai-command-r7b-12-2024-tool_use"),
+    (None, "Apertus-8B-Instruct"),
+    (None, "NVIDIA-Nemotron-Nano-v2"),
 ])
 def test_forced_tool_call_parses_as_the_named_call(smollm2, model, template):
     """Whatever the model picks within the mask, the parser reads the named tool's call."""

@@ -11,8 +11,10 @@ import os
 import pytest
 from chat_parity import DATA, ggserve_parse, template, theirs
 
+# a raw text with U+FFFD is not the text llama-server parsed: its JSON answer replaced the
+# bytes of a character cut off by max_tokens (which its parser leaves out)
 with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-8") as f:
-    RECORDS = [r for r in json.load(f)["records"] if r["status"] == 200]
+    RECORDS = [r for r in json.load(f)["records"] if r["status"] == 200 and "\ufffd" not in r["raw"]]
 
 
 @pytest.mark.parametrize("rec", RECORDS, ids=[f"{r['template']}-{r['kind']}-{i}" for i, r in enumerate(RECORDS)])

@@ -109,6 +109,7 @@ def _reasoning_syntax(syntax: co.Format, template) -> None:
     (no handler of its own), the reasoning markers its analysis found in the template
     (models/template_reasoning.py; none: no reasoning is split off); else the format's tags."""
     markers = getattr(template, "reasoning", None)
+    syntax.lenient_end = type(syntax).lenient_end or markers is not None and getattr(template, "family", None) is None
     if markers is None or getattr(template, "family", None) is not None or type(syntax).think != co.Format.think:
         syntax.reasoning_template = bool(syntax.think[0]) and syntax.think[0] in _template_source(template)
         return

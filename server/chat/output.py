@@ -30,13 +30,14 @@ from ggserve.server.chat.tools.formats import (  # noqa: F401
     detect,
 )
 from ggserve.server.chat.tools.gemma4 import Gemma4
+from ggserve.server.chat.tools.json_sections import JsonSection
 from ggserve.server.chat.tools.syntax import _ID_CHARS, Format, Parsed, held
 from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
 
 # the formats are chosen and named through this module (grammar.py, chat_options.py)
-__all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "KimiK2", "Llama3",
-           "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "detect", "new_call_id", "parse",
-           "shown_tokens", "split_reasoning"]
+__all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "JsonSection",
+           "KimiK2", "Llama3", "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "detect", "new_call_id",
+           "parse", "shown_tokens", "split_reasoning"]
 
 
 
@@ -66,6 +67,35 @@ def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_st
     return body[:k].lstrip() if lstrip else body[:k], rest if open_at_start or not lstrip_rest else rest.lstrip()
 
 
+def unwrap(rest: str, fmt: Format, tools: bool, partial: bool) -> tuple[str, str]:
+    """(answer, what follows it) of text whose answer the template wraps (Format.content_wrap):
+    as llama.cpp's autoparser, the answer is what is between the markers (an end of text that
+    may begin the end marker is not); with tools the wrapped answer is optional and the calls
+    follow it; text without the start marker is left as it is (llama-server refuses it)."""
+    start, end = fmt.content_wrap
+    i = skip_ws(rest, 0) if tools else 0
+    if not rest.startswith(start, i):
+        if partial and start.startswith(rest[i:]):
+            return "", ""
+        return ("", rest[i:]) if tools else (rest, "")
+    i += len(start)
+    k = rest.find(end, i)
+    if k < 0:
+        return rest[i:len(rest) - held(rest[i:], (end,))], ""
+    return rest[i:k], rest[k + len(end):]
+
+
+def _wrapped(r: str, rest: str, fmt: Format, tools: bool, partial: bool) -> Parsed:
+    content, after = unwrap(rest, fmt, tools, partial)
+    if not tools:
+        return Parsed(r, content)
+    try:
+        more, calls = fmt.split_calls(after, partial)
+    except Malformed:
+        return Parsed(r, content if partial else content + after)
+    return Parsed(r, content + more, calls)
+
+
 def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = True,
           tools: bool = True, open_think: bool = False) -> Parsed:
     """A whole output (or, partial, the part generated so far) -> Parsed."""
@@ -73,6 +103,8 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
         return fmt.parse(text, partial, reasoning, tools)
     if fmt.autoparse is not None and reasoning:
         r, rest = autoparse.split(text, *fmt.autoparse, partial)
+        if fmt.content_wrap:
+            return _wrapped(r, rest, fmt, tools, partial)
         if not tools:
             return Parsed(r, rest)
         try:

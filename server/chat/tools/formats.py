@@ -7,8 +7,19 @@ import re
 
 from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
 from ggserve.server.chat.tools.gemma4 import Gemma4
+from ggserve.server.chat.tools.json_sections import (
+    Apertus,
+    AprielCalls,
+    CommandR7B,
+    CommandRPlus,
+    FireFunction,
+    GigaChat31,
+    MiniMaxM1,
+    NemotronV2,
+)
+from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
-from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
+from ggserve.server.chat.tools.xml import DeepSeekDsml, DeepSeekDsmlV4, Glm45, Harmony, Qwen3Coder, SeedOss
 
 
 class Hermes(Format):
@@ -290,6 +301,28 @@ def detect(source: str) -> type[Format]:
         return DeepSeekR1 if "```json" in s else DeepSeekV31
     if "<arg_key>" in s:
         return Glm45
+    if "dsml_token" in s and "DSML" in s and ("function_calls" in s or "tool_calls" in s):
+        return DeepSeekDsml if "function_calls" in s else DeepSeekDsmlV4
+    if "<|tool_call_start|>" in s or "List of tools: [" in s:
+        return Lfm2
+    if "<|tools_prefix|>" in s:
+        return Apertus
+    if "<|START_ACTION|>" in s:
+        return CommandR7B
+    if "<|CHATBOT_TOKEN|>" in s and "Action:" in s:
+        return CommandRPlus
+    if "<TOOLCALL>" in s:
+        return NemotronV2
+    if "<tool_calls>[" in s:
+        return AprielCalls
+    if "<tool_calls>" in s and "<beginning_of_sentence>" in s:
+        return MiniMaxM1
+    if "<|function_call|>" in s:
+        return GigaChat31
+    if "functools[" in s:
+        return FireFunction
+    if "<seed:tool_call>" in s:
+        return SeedOss
     if "<function=" in s and "<parameter=" in s:
         return Qwen3Coder
     if "<tool_call>" in s:
@@ -303,3 +336,4 @@ def detect(source: str) -> type[Format]:
     if "tools" in s:
         return Hermes if "tool_call" in s else Generic
     return Generic
+

@@ -32,6 +32,8 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
     rules = []
     if isinstance(fmt, (co.Qwen3Coder, co.Glm45, co.Gemma4)):
         return _named_params_lark(lit, fmt, names, parallel)
+    if isinstance(fmt, co.JsonSection):
+        return _json_section_lark(lit, fmt, names, parallel)
     if isinstance(fmt, co.Hermes):
         anyof = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
         rules.append(f"call: {lit('<tool_call>')} \"\\n\" {_json(anyof)} \"\\n\" {lit('</tool_call>')}")
@@ -83,6 +85,22 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
     return "\n".join([f"start: {body}"] + rules)
 
 
+def _json_section_lark(lit, fmt, names: list[str], parallel: bool) -> str:
+    """The section's markers around JSON call objects (comma-separated, in [...] where the
+    template writes an array), as llama.cpp's standard_json_tools."""
+    def one(n):
+        args = closed_objects(fmt.schemas[n]) or {"type": "object"}
+        if fmt.name_is_key:
+            return {"type": "object", "properties": {n: args}, "required": [n], "additionalProperties": False}
+        return {"type": "object", "properties": {fmt.name_key: {"const": n}, fmt.args_key: args},
+                "required": [fmt.name_key, fmt.args_key]}
+    call = _json({"anyOf": [one(n) for n in names]})
+    body = f'{call} ("," {call})*' if parallel else call
+    if fmt.array:
+        body = f'"[" {body} "]"'
+    return f"start: {lit(fmt.section_start)} {body}" + (f" {lit(fmt.section_end)}" if fmt.section_end else "")
+
+
 # -- syntaxes that write each parameter by name --------------------------------------
 
 _INTEGER = r"/-?(0|[1-9][0-9]*)/"
@@ -126,7 +144,7 @@ def _named_params_lark(lit, fmt, names: list[str], parallel: bool) -> str:
         call = f"{lit('<|tool_call>')} ({' | '.join(alts)}) {lit('<tool_call|>')}"
         rules += _gemma4_value_rules(lit)
     elif isinstance(fmt, co.Qwen3Coder):
-        call = f"{lit('<tool_call>')} \"\\n\" ({' | '.join(alts)}) {lit('</tool_call>')}"
+        call = f"{lit(fmt.call_open)} \"\\n\" ({' | '.join(alts)}) {lit(fmt.call_close)}"
     else:
         call = f"{lit('<tool_call>')} ({' | '.join(alts)}) {lit('</tool_call>')}"
     sep = '"\\n"' if isinstance(fmt, co.Qwen3Coder) else ""

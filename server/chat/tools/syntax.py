@@ -128,6 +128,13 @@ class Format:
     # (server/chat/autoparse.py); None: by `think`
     autoparse: tuple[str, str] | None = None
     text_after_calls = True            # text after the last call is content (else dropped)
+    # llama.cpp 11434's autoparser reads the answer up to the calls' start marker, and an end
+    # of text that may begin that marker ends the answer even in its final parse (peg-parser.cpp,
+    # until): set for the templates it parses (server/chat/options.py)
+    lenient_end = False
+    # (start, end) around the answer where the template always wraps it (Command R7B's
+    # <|START_RESPONSE|>...<|END_RESPONSE|>): llama.cpp's autoparser reads the answer between them
+    content_wrap: tuple[str, str] | None = None
 
     def __init__(self, tools: list | None = None):
         self.schemas = {}
@@ -155,7 +162,7 @@ class Format:
         """Content and calls; partial: _Incomplete never escapes (calls so far)."""
         start = self.find_start(text) if self.starts else -1
         if start < 0:
-            keep = len(text) - (held(text, self.starts) if partial else 0)
+            keep = len(text) - (held(text, self.starts) if partial or self.lenient_end else 0)
             return text[:keep], []
         calls: list[Call] = []
         pos = start

@@ -67,6 +67,7 @@ class Qwen3Coder(_XmlParams):
     name = "qwen3_coder"
     # llama.cpp's qwen3-coder parser skips whitespace before the answer, after reasoning or not
     lstrip_content = True
+    call_open, call_close = "<tool_call>", "</tool_call>"
     markers = ("<tool_call>", "</tool_call>")
     starts = ("<tool_call>",)
     closers = ("</function>",)
@@ -74,7 +75,7 @@ class Qwen3Coder(_XmlParams):
     _param = re.compile(r"\s*<parameter=([^>\n]+)>\n?")
 
     def block(self, text, i, partial):
-        i = _expect(text, i, "<tool_call>", partial)
+        i = _expect(text, i, self.call_open, partial)
         m = self._fn.match(text, i)
         if not m:
             rest = text[skip_ws(text, i):]
@@ -94,10 +95,21 @@ class Qwen3Coder(_XmlParams):
             self.incomplete(text, i, name, params, "<parameter=", ">", "", "</parameter>")
         try:
             i = _expect(text, i, "</function>", partial)
-            i = _expect(text, i, "</tool_call>", partial)
+            i = _expect(text, i, self.call_close, partial)
         except _Incomplete:
             raise _Incomplete([self.partial_call(name, params)])
         return [self.xml_call(name, params)], i
+
+
+class SeedOss(Qwen3Coder):
+    """ByteDance Seed-OSS: Qwen3-Coder's calls between <seed:tool_call> tags, read by llama.cpp's
+    autoparser (the answer's whitespace as its other templates: Format's defaults)."""
+
+    name = "seed_oss"
+    lstrip_content = None
+    call_open, call_close = "<seed:tool_call>", "</seed:tool_call>"
+    markers = ("<seed:tool_call>", "</seed:tool_call>")
+    starts = ("<seed:tool_call>",)
 
 
 class Glm45(_XmlParams):
@@ -172,3 +184,70 @@ class Harmony(Format):
             else:
                 out.content += body
         return out
+
+
+class DeepSeekDsml(_XmlParams):
+    """DeepSeek V3.2 (llama.cpp's common/parsers/deepseek.cpp): <｜DSML｜function_calls>, then
+    <｜DSML｜invoke name="NAME">\n with <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>
+    each; the answer runs up to the block (a blank line right before it is not part of it)."""
+
+    name = "deepseek_v3_2"
+    lenient_end = True
+    lstrip_reasoning = lstrip_open_reasoning = False    # its parser takes the reasoning as written
+    block_name = "function_calls"
+    markers = ("｜DSML｜",)
+    _invoke = re.compile(r'\s*<｜DSML｜invoke name="([^"]*)">\n')
+    _param = re.compile(r'\s*<｜DSML｜parameter name="([^"]*)" string="(true|false)">')
+
+    @property
+    def starts(self):
+        return ("\n\n<｜DSML｜" + self.block_name + ">", "<｜DSML｜" + self.block_name + ">")
+
+    def block(self, text, i, partial):
+        i = _expect(text, i, self.starts[1], partial)
+        calls: list[Call] = []
+        while (m := self._invoke.match(text, i)):
+            name, i, params = m.group(1), m.end(), []
+            while (p := self._param.match(text, i)):
+                end = text.find("</｜DSML｜parameter>", p.end())
+                if end < 0:
+                    if partial:     # the value being written: a string as it comes, JSON as written so far
+                        raw = text[p.end():]
+                        raw = raw[:len(raw) - held(raw, ("</｜DSML｜parameter>",))]
+                        call = self.partial_call(name, params, p.group(1), raw)
+                        raise _Incomplete(calls + [call])
+                    raise Malformed("unterminated parameter")
+                value = text[p.end():end]
+                params.append((p.group(1), value if p.group(2) == "true" else _typed(value, {})))
+                i = end + len("</｜DSML｜parameter>")
+            j = skip_ws(text, i)
+            if not text.startswith("</｜DSML｜invoke>", j):
+                if partial and j < len(text) and not text.startswith("</｜DSML｜invoke>"[:len(text) - j], j) \
+                        and not text.startswith('<｜DSML｜parameter name="'[:len(text) - j], j):
+                    raise Malformed(f"expected a parameter at {j}")
+                if partial:
+                    raise _Incomplete(calls + [self.partial_call(name, params)])
+                raise Malformed("unterminated invoke")
+            calls.append(self.xml_call(name, params))
+            i = j + len("</｜DSML｜invoke>")
+        rest = text[skip_ws(text, i):]
+        if partial and '<｜DSML｜invoke name="'.startswith(rest[:21]) and not rest.startswith("</"):
+            raise _Incomplete(calls + ([Call(None)] if rest else []))
+        try:
+            i = _expect(text, i, "</｜DSML｜" + self.block_name + ">", partial)
+        except _Incomplete:
+            raise _Incomplete(calls)
+        return calls, i
+
+    def xml_call(self, name, params):
+        return Call(name, _dumps(dict(params)))
+
+    def partial_call(self, name, params, key=None, raw=""):
+        return super().partial_call(name, [(k, v if isinstance(v, str) else _dumps(v)) for k, v in params], key, raw)
+
+
+class DeepSeekDsmlV4(DeepSeekDsml):
+    """DeepSeek V4: the same calls in a <｜DSML｜tool_calls> block."""
+
+    name = "deepseek_v4"
+    block_name = "tool_calls"

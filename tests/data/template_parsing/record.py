@@ -39,13 +39,29 @@ from record import REQUESTS, TOOLS, _shots  # noqa: E402  (the tool-call convers
 
 QUESTION = [{"role": "user", "content": "What is 2 plus 2?"}]
 PLAIN = "  The answer is 4.\n"           # leading whitespace: which families trim it
-THINK = {                                  # a think block in the syntax a template's source writes
+# a think block (and answer) in the syntax a template's source writes: the first marker the
+# source holds picks it (the more specific markers first)
+THINK = {
+    "chat_format=llm-jp-harmony-v1": "<|channel|> analysis<|message|> Two and two make four.<|end|>"
+                                     "<|start|> assistant<|channel|> final<|message|> The answer is 4.",
     "[THINK]": "[THINK]Two and two make four.[/THINK]The answer is 4.",
     "<|channel|>": "<|channel|>analysis<|message|>Two and two make four.<|end|>"
                    "<|start|>assistant<|channel|>final<|message|>The answer is 4.",
+    "'<|tool_call>call:'": "<|channel>thought\nTwo and two make four.<channel|>The answer is 4.",
+    "<atem:function_calls>": " to=self<|message|>Two and two make four.<|eom|>"
+                             "<|start|>assistant to=user<|message|>The answer is 4.",
+    "<|open|>": "<|open|>think<|sep|>Two and two make four.<|close|>think<|sep|>"
+                "<|open|>response<|sep|>The answer is 4.<|close|>response<|sep|>",
+    "<|START_TEXT|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|><|START_TEXT|>The answer is 4.<|END_TEXT|>",
+    "<|START_RESPONSE|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|>"
+                          "<|START_RESPONSE|>The answer is 4.<|END_RESPONSE|>",
+    ">>>all": "all\nThe answer is 4.",
+    "[BEGIN FINAL RESPONSE]": "Two and two make four.\n[BEGIN FINAL RESPONSE]\nThe answer is 4.",
+    "<response>": "<think>Two and two make four.</think><response>The answer is 4.</response>",
     "<seed:think>": "<seed:think>Two and two make four.</seed:think>The answer is 4.",
+    "<mm:think>": "<mm:think>Two and two make four.</mm:think>The answer is 4.",
+    "<think:opensource>": "<think:opensource>Two and two make four.</think:opensource>The answer is 4.",
     "<|inner_prefix|>": "<|inner_prefix|>Two and two make four.<|inner_suffix|>The answer is 4.",
-    "<|START_THINKING|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|>The answer is 4.",
 }
 TAGS = "<think>\nTwo and two make four.\n</think>\n\nThe answer is 4."
 CLOSE_ONLY = "Two and two make four.\n</think>\n\nThe answer is 4."   # after a prompt that opened <think>
@@ -59,18 +75,30 @@ CALLS = [REQUESTS[0], {
     "messages": _shots([("Weather in Paris?", [(W, {"city": "Paris"})]),
                         ("Weather in Rome?", [(W, {"city": "Rome"})])], "Weather in Oslo?"),
     "tools": TOOLS, "tool_choice": "required"}]
-# one template per tool-call family gets the "calls" and "plain" requests (generation is slow on CPU)
+# two calls in each earlier answer, the grammar of "required" in the family's syntax
+PARALLEL = {**REQUESTS[2], "tool_choice": "required"}
+# one template per tool-call family llama-server 11434 tells apart (common/chat.cpp,
+# common_chat_try_specialized_template: a parser of its own; the others its autoparser,
+# common/chat-diff-analyzer.cpp, by the syntax it finds) gets "calls", "parallel" and "plain"
 CALL_TEMPLATES = [
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen-Qwen2.5-7B-Instruct", "Qwen3-Coder",
-    "meta-llama-Llama-3.1-8B-Instruct",
+    # the autoparser's families
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
+    "Qwen-Qwen3-0.6B", "deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "GLM-4.6",
+    "GLM-4.7-Flash", "HuggingFaceTB-SmolLM3-3B", "ibm-granite-granite-4.0", "ibm-granite-granite-3.3-2B-Instruct",
+    "ByteDance-Seed-OSS", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "CohereForAI-c4ai-command-r-plus-tool_use",
+    "NVIDIA-Nemotron-Nano-v2", "Mistral-Small-3.2-24B-Instruct-2506", "mistralai-Mistral-Nemo-Instruct-2407",
+    "fireworks-ai-llama-3-firefunction-v2", "meetkai-functionary-medium-v3.1", "Apertus-8B-Instruct",
+    "Apriel-1.6-15b-Thinker-fixed", "MiniMax-M2", "GigaChat3.1-10B-A1.8B", "tencent-Hy3",
+    # the families with a parser of their own
+    "mistralai-Ministral-3-14B-Reasoning-2512", "llm-jp-llm-jp-4.1-8b-thinking", "openai-gpt-oss-120b", "muse-glimmer",
+    "meetkai-functionary-medium-v3.2", "Kimi-K2-Thinking", "Kimi-K3", "inclusionai-ling-3.0-flash", "Cohere2MoE",
+    "LFM2-8B-A1B", "LFM2.5-Instruct", "GigaChat3-10B-A1.8B", "MiniMax-M3", "deepseek-ai-DeepSeek-V3.2",
+    "deepseek-ai-DeepSeek-V4", "google-gemma-4-31B-it", "openbmb-MiniCPM5-1B", "Qwen3-Coder",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
 ]
-# the forced texts go to one template per reasoning syntax (llama-server runs slowly on a shared CPU)
-FORCED_TEMPLATES = [
-    "Apertus-8B-Instruct", "Apriel-1.6-15b-Thinker-fixed", "Bielik-11B-v3.0-Instruct", "ByteDance-Seed-OSS",
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "Qwen-Qwen3-0.6B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-    "openai-gpt-oss-120b", "mistralai-Ministral-3-14B-Reasoning-2512", "HuggingFaceTB-SmolLM3-3B",
-    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "GLM-4.6", "Kimi-K2-Thinking", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
-]
+# the forced texts go to every template (each reasoning syntax, each family's parser)
+FORCED_TEMPLATES = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
+KINDS = ("forced", "calls", "parallel", "plain")
 
 
 def gbnf_literal(text: str) -> str:
@@ -107,10 +135,17 @@ def record_template(binary: str, model: str, template: str, max_tokens: int, kin
             if "forced" in kinds else []
         if "calls" in kinds:
             bodies += [("calls", req) for req in CALLS]
+        if "parallel" in kinds:
+            bodies.append(("parallel", PARALLEL))
+        if "plain" in kinds:
             bodies.append(("plain", {"messages": [{"role": "user", "content": "Hello! Who are you?"}]}))
         for kind, req in bodies:
-            r = httpx.post(url + "/v1/chat/completions", timeout=600,
-                           json={**req, "temperature": 0, "max_tokens": max_tokens})
+            try:
+                r = httpx.post(url + "/v1/chat/completions", timeout=600,
+                               json={**req, "temperature": 0, "max_tokens": max_tokens})
+            except httpx.TransportError as e:      # the server died: what it answered so far stands
+                print(template, kind, "->", e, file=sys.stderr)
+                break
             if r.status_code != 200:
                 records.append({"template": template, "kind": kind, "request": req, "status": r.status_code,
                                 "error": r.text[:300]})
@@ -134,21 +169,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--only", nargs="*", help="templates to record again (the other records are kept)")
+    ap.add_argument("--only", nargs="*", help="templates to record (the other records are kept)")
+    ap.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS,
+                    help="kinds of request to record (the records of other kinds are kept)")
+    ap.add_argument("--out", default=os.path.join(HERE, "records.json"), help="the records file (read and written)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(HERE, ".."))
     from llama_server_run import smollm2_path
 
-    out_path = os.path.join(HERE, "records.json")
+    out_path = args.out
     records = []
-    if args.only and os.path.exists(out_path):
+    if os.path.exists(out_path):
         with open(out_path, encoding="utf-8") as f:
-            records = [r for r in json.load(f)["records"] if r["template"] not in args.only]
-    names = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
-    runs = [(CALL_TEMPLATES[0], ("calls",))] + [(n, ("forced",)) for n in FORCED_TEMPLATES if n in names] \
-        + [(n, ("calls",)) for n in CALL_TEMPLATES[1:]]
-    for name, kinds in runs:
-        if args.only and name not in args.only:
+            records = [r for r in json.load(f)["records"]
+                       if not (r["template"] in (args.only or FORCED_TEMPLATES) and r["kind"] in args.kinds)]
+    for name in args.only or FORCED_TEMPLATES:
+        kinds = tuple(k for k in args.kinds if k == "forced" or name in CALL_TEMPLATES)
+        if not kinds:
             continue
         got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds)
         records += got
