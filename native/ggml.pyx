@@ -172,7 +172,12 @@ cdef class Backend:
     # -- memory ------------------------------------------------------------------
 
     def alloc(self, Device device, list specs):
-        """Allocate tensors [(name, type, ne), ...] together on `device`, zeroed."""
+        """Allocate tensors [(name, type, ne), ...] together on `device`, zeroed.
+
+        In host memory they lie in an anonymous mapping, whose pages the kernel gives,
+        zeroed, when they are first written: a KV cache holds RAM for the cells used so
+        far, not for its whole size up front (llama.cpp clears its buffers at load,
+        which makes every page resident)."""
         cdef ggml_context * ctx = _new_meta_context(len(specs))
         cdef Buffer b = Buffer.__new__(Buffer)
         b.ctx = ctx
@@ -182,6 +187,9 @@ cdef class Backend:
             p = _new_tensor(ctx, type_, tuple(ne))
             ggml_set_name(p, name.encode())
             b.tensors[name] = Tensor.wrap(p, b)
+        if device.is_cpu:
+            _alloc_zero_pages(b, ggml_backend_dev_buffer_type(device.dev))
+            return b
         b.buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(device.dev))
         if b.buf == NULL:
             total = sum(row_size(t, ne[0]) * int(np.prod(ne[1:])) for _, t, ne in specs)

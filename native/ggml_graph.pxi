@@ -153,7 +153,10 @@ cdef class Graph:
             return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                                   ggserve_q8_0_matmul, GGML_N_TASKS_MAX, NULL)
         if x.ne[1] > FEW_ROWS_MAX:
-            args[1] = ggml_cpy(self.ctx, x, ggml_new_tensor_2d(self.ctx, GGML_TYPE_Q8_1, x.ne[0], x.ne[1]))
+            # a cast, not a copy into a new tensor: that tensor would be a graph leaf, which
+            # ggml's allocator keeps for the whole graph (one per product: 80 MiB of SmolLM2's
+            # compute buffer); the cast is a node, freed after its product as llama.cpp's are
+            args[1] = ggml_cast(self.ctx, x, GGML_TYPE_Q8_1)
         return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                               ggserve_q4_1_matmul, GGML_N_TASKS_MAX, NULL)
 

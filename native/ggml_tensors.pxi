@@ -142,6 +142,7 @@ cdef class Buffer:
     cdef readonly dict tensors
     cdef readonly object device
     cdef object keepalive  # the mmap behind a zero-copy CPU buffer
+    cdef object pages      # the anonymous mapping behind a host buffer of our own (_alloc_zero_pages)
 
     def __dealloc__(self):
         self._free()
@@ -172,6 +173,7 @@ cdef class Buffer:
         self._free()
         self.tensors = {}
         self.keepalive = None
+        self.pages = None
 
     @property
     def nbytes(self):
@@ -188,6 +190,28 @@ cdef class Buffer:
 
     def __contains__(self, name):
         return name in self.tensors
+
+
+cdef _alloc_zero_pages(Buffer b, ggml_backend_buffer_type_t buft):
+    """Place b's tensors (laid out as buft lays them out) in a new anonymous mapping."""
+    cdef size_t align = ggml_backend_buft_get_alignment(buft)
+    cdef size_t total = 0
+    cdef ggml_tensor * t
+    offsets = []
+    for tensor in b.tensors.values():
+        t = (<Tensor>tensor).ptr
+        offsets.append(total)
+        total += (ggml_backend_buft_get_alloc_size(buft, t) + align - 1) // align * align
+    try:
+        b.pages = _mmap.mmap(-1, max(total, 1), flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
+    except OSError:
+        raise MemoryError(f"cannot allocate {total / 2**20:.1f} MiB of host memory") from None
+    cdef unsigned char[::1] view = b.pages
+    cdef unsigned char * base = &view[0]
+    b.buf = ggml_backend_cpu_buffer_from_ptr(<void *>base, max(total, 1))
+    for tensor, off in zip(b.tensors.values(), offsets):
+        if ggml_backend_tensor_alloc(b.buf, (<Tensor>tensor).ptr, <void *>(base + <size_t>off)) != GGML_STATUS_SUCCESS:
+            raise GGMLError("cannot place a tensor in host memory")
 
 
 cdef ggml_context * _new_meta_context(size_t n_tensors) except NULL:
