@@ -52,17 +52,24 @@ class _Vocab:
 
 
 class Grammars:
-    """Compiles grammars for one tokenizer (its llguidance vocabulary is built once)."""
+    """Compiles grammars for one tokenizer (its llguidance vocabulary and compile workers
+    are built once, with the first grammar)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._ll = None
         self._pool: CompilePool | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()         # the pool's
+        self._ll_lock = threading.Lock()      # the vocabulary's
+
+    @property
+    def built(self) -> bool:
+        """Has a grammar needed llguidance yet (its vocabulary or a compile worker)?"""
+        return self._ll is not None or self._pool is not None
 
     @property
     def ll_tokenizer(self):
-        with self._lock:
+        with self._ll_lock:
             if self._ll is None:
                 import llguidance
                 self._ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab(self.tokenizer)),

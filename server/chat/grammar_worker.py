@@ -106,11 +106,6 @@ class CompilePool:
         self._lock = threading.Lock()
         self._all: set[_Worker] = set()
 
-    def warm(self) -> None:
-        """Start one worker ahead of the first grammar."""
-        with self._free:
-            self._put(self._take())
-
     def compile(self, kind: str, text: str, timeout: float) -> str:
         """llguidance's grammar source for (kind, text); CompileFailed says why not."""
         if not self._free.acquire(timeout=timeout):

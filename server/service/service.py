@@ -15,7 +15,6 @@ import asyncio
 import functools
 import itertools
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -126,13 +125,6 @@ class Service:
         self._task = asyncio.create_task(self._load_and_run(), name="ggserve-engine")
         await self.wait_ready()
 
-    def _warm_grammars(self) -> None:
-        try:
-            self.grammars.ll_tokenizer
-            self.grammars.pool.warm()
-        except Exception:             # the first grammar request will meet it and say why
-            log.exception("warming the grammar compiler failed")
-
     async def _load_and_run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
@@ -143,11 +135,10 @@ class Service:
                 self.engine.survive_worker_loss()
             self.prompts = self._make_prompts(self.engine)
             from ggserve.server.chat.grammar import Grammars
+            # llguidance's vocabulary and its compile worker come with the first grammar, as
+            # llama.cpp builds its llguidance tokenizer at first use: a server that sees none
+            # does not hold them (~250 MiB for Gemma 3's 262k tokens: bench/README, memory.py)
             self.grammars = Grammars(self.engine.tokenizer)
-            # llguidance's vocabulary (~1 s for 150k tokens) and a compile worker, before a schema needs
-            # them; on a thread of their own: the first prompt must not wait behind them (seconds on a
-            # 262k vocabulary, most of a router's cold first token: bench/router.py)
-            threading.Thread(target=self._warm_grammars, name="ggserve-grammar-warm", daemon=True).start()
         except Exception as e:
             log.exception("failed to load the model")
             self.load_error = e
