@@ -42,11 +42,13 @@ __all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "
 
 
 def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_start: bool,
-                    lstrip: bool = True, lstrip_rest: bool = True) -> tuple[str, str]:
+                    lstrip: bool = True, lstrip_rest: bool = True, stops: tuple[str, ...] = ()) -> tuple[str, str]:
     """(reasoning, rest). A prompt that ends with the open tag starts inside reasoning.
     As llama-server: reasoning loses its leading whitespace unless `lstrip` is off (its
     trailing whitespace stays); after a think block the prompt opened, the content is
-    kept verbatim."""
+    kept verbatim. `stops`: markers that also end the reasoning, kept in the rest (the
+    calls' start where a family's parser lets calls follow unclosed reasoning); with them
+    an end of text that may begin one is left out, as llama.cpp's until does."""
     open_tag, close_tag = think
     if not close_tag:
         return "", text
@@ -59,9 +61,12 @@ def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_st
             return "", text
         body = text[j + len(open_tag):]
     k = body.find(close_tag)
+    cut = [i for i in (body.find(s) for s in stops) if i >= 0 and (k < 0 or i < k)]
+    if cut:
+        return body[:min(cut)].lstrip() if lstrip else body[:min(cut)], body[min(cut):]
     if k < 0:
-        if partial:
-            body = body[:len(body) - held(body, (close_tag,))]
+        if partial or stops:
+            body = body[:len(body) - held(body, (close_tag, *stops))]
         return body.lstrip() if lstrip else body, ""
     rest = body[k + len(close_tag):]
     return body[:k].lstrip() if lstrip else body[:k], rest if open_at_start or not lstrip_rest else rest.lstrip()
@@ -98,7 +103,15 @@ def _wrapped(r: str, rest: str, fmt: Format, tools: bool, partial: bool) -> Pars
 
 def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = True,
           tools: bool = True, open_think: bool = False) -> Parsed:
-    """A whole output (or, partial, the part generated so far) -> Parsed."""
+    """A whole output (or, partial, the part generated so far) -> Parsed. As llama.cpp's
+    chat message mapper, reasoning that is only whitespace is no reasoning."""
+    p = _parse(text, fmt, partial, reasoning, tools, open_think)
+    if p.reasoning and not p.reasoning.strip(" \n\r\t"):
+        p.reasoning = ""
+    return p
+
+
+def _parse(text: str, fmt: Format, partial: bool, reasoning: bool, tools: bool, open_think: bool) -> Parsed:
     if isinstance(fmt, Harmony):
         return fmt.parse(text, partial, reasoning, tools)
     if fmt.autoparse is not None and reasoning:
@@ -113,8 +126,9 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
             return Parsed(r, "" if partial else rest)
         return Parsed(r, content, calls)
     lstrip = fmt.lstrip_open_reasoning if open_think else fmt.lstrip_reasoning
+    stops = fmt.reasoning_stops if tools and open_think else ()
     r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning,
-                              fmt.lstrip_after_reasoning) \
+                              fmt.lstrip_after_reasoning, stops) \
         if reasoning else ("", text)
     if not tools:
         strip = fmt.lstrip_content is True or fmt.lstrip_content is None and fmt.reasoning_template and rest is text

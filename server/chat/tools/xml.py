@@ -203,6 +203,10 @@ class DeepSeekDsml(_XmlParams):
     def starts(self):
         return ("\n\n<｜DSML｜" + self.block_name + ">", "<｜DSML｜" + self.block_name + ">")
 
+    @property
+    def reasoning_stops(self):      # its parser lets the calls end reasoning the prompt opened
+        return self.starts
+
     def block(self, text, i, partial):
         i = _expect(text, i, self.starts[1], partial)
         calls: list[Call] = []
