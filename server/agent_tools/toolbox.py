@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ggserve.server.agent_tools import runtimes
 from ggserve.server.agent_tools.builtin import BuiltinTool
 from ggserve.server.agent_tools.errors import ToolError, ToolRequestError
 from ggserve.server.agent_tools.host_io import HostIO
-from ggserve.server.agent_tools.mcp_servers import McpServers
+
+if TYPE_CHECKING:       # the MCP SDK (~40 MiB imported) only where MCP servers are configured (config.py)
+    from ggserve.server.agent_tools.mcp_servers import McpServers
 
 log = logging.getLogger("ggserve.server")
 
