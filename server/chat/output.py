@@ -130,6 +130,8 @@ def _parse(text: str, fmt: Format, partial: bool, reasoning: bool, tools: bool, 
     r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning,
                               fmt.lstrip_after_reasoning, stops) \
         if reasoning else ("", text)
+    if fmt.content_wrap:
+        return _wrapped(r, rest, fmt, tools, partial)
     if not tools:
         strip = fmt.lstrip_content is True or fmt.lstrip_content is None and fmt.reasoning_template and rest is text
         return Parsed(r, rest.lstrip() if strip else rest)

@@ -13,12 +13,15 @@ from ggserve.server.chat.tools.json_sections import (
     CommandR7B,
     CommandRPlus,
     FireFunction,
+    FunctionaryV32,
+    GigaChat3,
     GigaChat31,
     MiniMaxM1,
     NemotronV2,
 )
 from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
+from ggserve.server.chat.tools.tagged import Hy3, MiniCPM5, MiniMaxM2
 from ggserve.server.chat.tools.xml import DeepSeekDsml, DeepSeekDsmlV4, Glm45, Harmony, Qwen3Coder, SeedOss
 
 
@@ -305,6 +308,14 @@ def detect(source: str) -> type[Format]:
         return DeepSeekDsml if "function_calls" in s else DeepSeekDsmlV4
     if "<|tool_call_start|>" in s or "List of tools: [" in s:
         return Lfm2
+    if ">>>all" in s and ">>>${recipient}" in s:
+        return FunctionaryV32
+    if "Tool usage guidelines:" in s and '<function name="' in s and '<param name="' in s:
+        return MiniCPM5
+    if "<minimax:tool_call>" in s:
+        return MiniMaxM2
+    if "<tool_calls:opensource>" in s:
+        return Hy3
     if "<|tools_prefix|>" in s:
         return Apertus
     if "<|START_ACTION|>" in s:
@@ -319,6 +330,8 @@ def detect(source: str) -> type[Format]:
         return MiniMaxM1
     if "<|function_call|>" in s:
         return GigaChat31
+    if "<|role_sep|>" in s and "<|message_sep|>" in s:
+        return GigaChat3
     if "functools[" in s:
         return FireFunction
     if "<seed:tool_call>" in s:

@@ -145,3 +145,44 @@ class FireFunction(JsonSection):
 
     name = "firefunction"
     section_start, array = "functools", True
+
+
+class GigaChat3(JsonSection):
+    """GigaChat 3 (llama.cpp's common/parsers/gigachat-v3.cpp): one call after a "function call"
+    message header; the answer as written, up to the header."""
+
+    name = "gigachat_3"
+    section_start = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
+    lstrip_content = False
+    lenient_end = True
+
+
+class FunctionaryV32(Format):
+    """Functionary v3.2 (llama.cpp's common/parsers/functionary-v3-2.cpp): the prompt ends with
+    ">>>" and the model names the recipient: "all\\n" and the answer (up to the next ">>>"), or
+    a function's name, a newline and its JSON arguments, call after call."""
+
+    name = "functionary_v3_2"
+    think = ("", "")
+    markers = (">>>",)
+    lstrip_content = False
+    content_wrap = ("all\n", ">>>")
+    _name = re.compile(r"(?:>>>)?([A-Za-z_][\w.\-]*)\n")
+
+    def split_calls(self, text, partial):
+        calls: list[Call] = []
+        i = 0
+        while (m := self._name.match(text, i)):
+            end = value_end(text, m.end())
+            if end is None:
+                if partial:
+                    return "", calls + [Call(m.group(1), minify(text[m.end():]))]
+                raise Malformed("unterminated arguments")
+            json.loads(text[m.end():end])
+            calls.append(Call(m.group(1), minify(text[m.end():end])))
+            i = end
+        if partial and re.fullmatch(r">{0,3}[\w.\-]*", text[i:]):
+            return "", calls
+        if i < len(text):
+            raise Malformed(f"unexpected text at {i}") if calls else Malformed("not a call")
+        return "", calls
