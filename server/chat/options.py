@@ -112,6 +112,8 @@ def _reasoning_syntax(syntax: co.Format, template) -> None:
     syntax.lenient_end = type(syntax).lenient_end or markers is not None and getattr(template, "family", None) is None
     if markers is None or getattr(template, "family", None) is not None or type(syntax).think != co.Format.think:
         syntax.reasoning_template = bool(syntax.think[0]) and syntax.think[0] in _template_source(template)
+        if syntax.think_in_source_only and not syntax.reasoning_template:
+            syntax.think = ("", "")      # its parser reads think tags only where the template writes them
         return
     syntax.think = (markers.start.strip(" \t\r\n"), markers.end.strip(" \t\r\n")) if markers.supported else ("", "")
     syntax.reasoning_template = markers.supported

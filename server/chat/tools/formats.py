@@ -19,6 +19,7 @@ from ggserve.server.chat.tools.json_sections import (
     MiniMaxM1,
     NemotronV2,
 )
+from ggserve.server.chat.tools.kimi_k3 import KimiK3
 from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
 from ggserve.server.chat.tools.tagged import Hy3, MiniCPM5, MiniMaxM2
@@ -306,15 +307,17 @@ def detect(source: str) -> type[Format]:
         return Glm45
     if "dsml_token" in s and "DSML" in s and ("function_calls" in s or "tool_calls" in s):
         return DeepSeekDsml if "function_calls" in s else DeepSeekDsmlV4
-    if "<|tool_call_start|>" in s or "List of tools: [" in s:
+    if "<|tool_call_start|>" in s or "<|tool_list_start|>" in s or "List of tools: [" in s:
         return Lfm2
+    if "<|open|>" in s and "<|close|>" in s and "<|end_of_msg|>" in s:
+        return KimiK3
     if ">>>all" in s and ">>>${recipient}" in s:
         return FunctionaryV32
     if "Tool usage guidelines:" in s and '<function name="' in s and '<param name="' in s:
         return MiniCPM5
     if "<minimax:tool_call>" in s:
         return MiniMaxM2
-    if "<tool_calls:opensource>" in s:
+    if "'<tool_calls{}>'.format(HYTK)" in s:
         return Hy3
     if "<|tools_prefix|>" in s:
         return Apertus

@@ -79,6 +79,7 @@ class Lfm2(Format):
     starts = ("<|tool_call_start|>",)
     lstrip_content = lstrip_reasoning = lstrip_open_reasoning = lstrip_after_reasoning = False
     lenient_end = True                 # the answer runs up to the calls' marker, as llama.cpp's `until`
+    think_in_source_only = True
 
     def block(self, text, i, partial):
         i = _expect(text, i, "<|tool_call_start|>", partial)

