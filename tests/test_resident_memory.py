@@ -91,3 +91,19 @@ def test_a_server_holds_no_grammar_compiler_until_a_request_has_a_grammar():
             "type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
         assert r.status_code == 200 and app.state.service.grammars.built
         assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"])["colour"], str)
+
+
+def test_the_merges_live_in_the_tokenizers_native_tables_only():
+    """SmolLM2's 48,900 merges (12.6 MiB of Python strings for a 151k-merge vocabulary) are
+    dropped once the BPE tables hold them; Ollama's verbose /api/show still lists them, from
+    the file."""
+    path = model_path("smollm2")
+    args = serve_parser().parse_args(["-m", path, "-c", "512", "-np", "1", "-t", "1"])
+    app = create_app(config_from_args(args))
+    with RunningServer(app) as s:
+        loaded = app.state.service.engine.loaded
+        assert "tokenizer.ggml.merges" not in loaded.gguf.metadata and loaded.tokenizer.vocab.merges == []
+        # still llama-server's ids (tests/data/tokenize.json, en_hello)
+        assert loaded.tokenizer.encode("Hello world", add_special=False) == [19556, 905]
+        info = httpx.post(s.url + "/api/show", json={"model": "any", "verbose": True}, timeout=60).json()["model_info"]
+        assert len(info["tokenizer.ggml.merges"]) == 48900

@@ -68,6 +68,10 @@ class LoadedModel:
         cls = model_class(arch, self.path)
         self.name = meta.get("general.name") or os.path.splitext(os.path.basename(self.path))[0]
         self.tokenizer = Tokenizer.from_metadata(meta)
+        # the tokenizer's native tables hold the merges now: their Python strings go (12.6 MiB for
+        # 151k merges; Ollama's verbose /api/show reads the file's header again)
+        self.tokenizer.vocab.merges = []
+        meta.pop("tokenizer.ggml.merges", None)
         self._chat_template_override = chat_template
 
         n_layer = meta.get(f"{arch}.block_count", 0)

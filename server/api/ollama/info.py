@@ -12,6 +12,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ggserve.native.gguf_file import GGUFFile
 from ggserve.server.api.common import API
 from ggserve.server.api.errors import APIError, invalid
 from ggserve.server.api.ollama.convert import ns
@@ -80,8 +81,9 @@ def tag_entry(name: str, path: str, gguf) -> dict:
 
 
 def show_answer(gguf, path: str, mmproj: str | None, embeddings: bool, verbose: bool = False) -> dict:
+    # verbose: the whole header, read again (a loaded model's metadata no longer holds the merges)
     info = model_info(gguf) if not verbose else {
-        k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in gguf.metadata.items()}
+        k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in GGUFFile(gguf.path).metadata.items()}
     return {"license": gguf.get("general.license", ""), "modelfile": f"FROM {path}\n", "parameters": "",
             "template": gguf.get("tokenizer.chat_template") or "", "details": details(gguf),
             "model_info": info, "capabilities": capabilities(gguf, mmproj, embeddings),
