@@ -61,6 +61,33 @@ def _deepseek(v4: bool) -> Callable:
     return write
 
 
+def _tool_results_in_call_order(msgs: list[dict]) -> list[dict]:
+    """DeepSeek V4 renders a run of user/tool messages as one user block with the results in
+    the order of the calls before them, matched by id (llama.cpp's deepseek_v4_sort_tool_results;
+    a result whose id matches no call counts as the first call's; equal ones keep their order)."""
+    out, order, i = list(msgs), {}, 0
+    while i < len(out):
+        m = out[i]
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            order = {c["id"]: k for k, c in enumerate(m["tool_calls"]) if isinstance(c, dict) and c.get("id")}
+            i += 1
+            continue
+        if role not in ("user", "tool"):
+            i += 1
+            continue
+        end = i
+        while end < len(out) and out[end].get("role") in ("user", "tool"):
+            end += 1
+        where = [k for k in range(i, end) if out[k].get("role") == "tool"]
+        if len(where) > 1 and order:
+            results = sorted((out[k] for k in where), key=lambda r: order.get(r.get("tool_call_id", ""), 0))
+            for k, r in zip(where, results):
+                out[k] = r
+        i = end
+    return out
+
+
 def _gemma4_tool_responses(msgs: list[dict]) -> list[dict]:
     """Older Gemma 4 templates read results from the assistant turn: each assistant message
     with calls, the tool messages after it (as `tool_responses`, JSON parsed where it parses)
@@ -153,7 +180,9 @@ def family(src: str) -> Family | None:
     if has("]<]minimax[>[") and has("<tool_call>") and has("<invoke name="):
         return Family("minimax_m3", True, _from_generation_prompt("<mm:think>", "</mm:think>"))
     if has("dsml_token") and has("DSML") and (has("function_calls") or has("tool_calls")):
-        return Family("deepseek_v3_2", True, _deepseek(v4=not has("function_calls")))
+        if has("function_calls"):
+            return Family("deepseek_v3_2", True, _deepseek(v4=False))
+        return Family("deepseek_v3_2", True, _deepseek(v4=True), _tool_results_in_call_order)
     if has("'<|tool_call>call:'"):
         if has("{#- OpenAI Chat Completions:"):
             return Family("gemma4", True, _gemma4)

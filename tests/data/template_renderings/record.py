@@ -85,6 +85,13 @@ CONVERSATIONS = {
         {"role": "tool", "tool_call_id": "call00000", "content": "21 degrees"},
         {"role": "tool", "tool_call_id": "call00001", "content": "17 degrees"},
         {"role": "tool", "tool_call_id": "call00002", "content": "5"}]},
+    # results in another order than the calls (DeepSeek V4's handler puts them in call order)
+    "parallel_results_out_of_order": {"tools": TOOLS, "messages": [
+        {"role": "user", "content": "Weather in Paris and what is 2 plus 3?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            _call(0, "get_weather", {"city": "Paris"}), _call(1, "add", {"a": 2, "b": 3})]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "5"},
+        {"role": "tool", "tool_call_id": "call00000", "content": "21 degrees"}]},
     "tool_call_no_tools": {"messages": [USER, CALL, RESULT]},
     "reasoning_in_history": {"messages": [
         {"role": "user", "content": "What is 2 plus 3?"},
