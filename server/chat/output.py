@@ -129,7 +129,7 @@ def _parse(text: str, fmt: Format, partial: bool, reasoning: bool, tools: bool, 
             return Parsed(r, "" if partial else rest)
         return Parsed(r, content, calls)
     lstrip = fmt.lstrip_open_reasoning if open_think else fmt.lstrip_reasoning
-    stops = fmt.reasoning_stops if tools and open_think else ()
+    stops = fmt.reasoning_stops if fmt.reasoning_stops_always or tools and open_think else ()
     r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning,
                               fmt.lstrip_after_reasoning, stops) \
         if reasoning else ("", text)

@@ -10,6 +10,7 @@ from ggserve.server.chat.tools.gemma4 import Gemma4
 from ggserve.server.chat.tools.json_sections import (
     Apertus,
     AprielCalls,
+    Cohere2MoE,
     CommandR7B,
     CommandRPlus,
     FireFunction,
@@ -321,6 +322,8 @@ def detect(source: str) -> type[Format]:
         return Hy3
     if "<|tools_prefix|>" in s:
         return Apertus
+    if "<|START_TEXT|>" in s and "<|START_ACTION|>" in s:
+        return Cohere2MoE
     if "<|START_ACTION|>" in s:
         return CommandR7B
     if "<|CHATBOT_TOKEN|>" in s and "Action:" in s:

@@ -186,3 +186,16 @@ class FunctionaryV32(Format):
         if i < len(text):
             raise Malformed(f"unexpected text at {i}") if calls else Malformed("not a call")
         return "", calls
+
+
+class Cohere2MoE(CommandR7B):
+    """Cohere2 MoE / North Code (llama.cpp's common/parsers/cohere2moe.cpp): reasoning between
+    <|START_THINKING|> and <|END_THINKING|> (or up to the answer or the calls), then either the
+    answer between <|START_TEXT|> and <|END_TEXT|> or R7B's calls; all as written."""
+
+    name = "cohere2moe"
+    think = ("<|START_THINKING|>", "<|END_THINKING|>")
+    content_wrap = ("<|START_TEXT|>", "<|END_TEXT|>")
+    lstrip_reasoning = lstrip_open_reasoning = False
+    reasoning_stops = ("<|START_TEXT|>", "<|START_ACTION|>")
+    reasoning_stops_always = True

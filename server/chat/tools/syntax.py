@@ -137,6 +137,7 @@ class Format:
     content_wrap: tuple[str, str] | None = None
     think_in_source_only = False       # reasoning split off only where the template's source writes `think`
     reasoning_stops: tuple[str, ...] = ()   # with tools: markers that also end reasoning the prompt opened
+    reasoning_stops_always = False     # the stops end reasoning without tools too
 
     def __init__(self, tools: list | None = None):
         self.schemas = {}
