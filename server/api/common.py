@@ -16,8 +16,8 @@ from ggserve.models.tokenizer.pretokenize import drop
 from ggserve.server.api import schemas as S
 from ggserve.server.api.errors import APIError, invalid
 from ggserve.server.api.limits import json_object, key_matches
-from ggserve.server.api.request_limits import RequestLimits, check_request
 from ggserve.server.api.owners import cache_salt, owner, presented_key
+from ggserve.server.api.request_limits import RequestLimits, check_request
 from ggserve.server.service.metrics import Metrics
 from ggserve.server.service.service import Service
 
@@ -163,9 +163,11 @@ class API:
                           f"--parallel)", param="n")
 
     def logprob_tokens(self, entries) -> list[tuple[bytes, float, list[tuple[bytes, float]]]]:
-        tb = self.service.engine.tokenizer.token_bytes
-        # the alternatives as llama-server shows them: a control token's text is empty
-        return [(tb(t), lp, [(tb(u, special=False), v) for u, v in top]) for t, lp, top in entries]
+        tok = self.service.engine.tokenizer
+        # as llama-server shows them: an alternative's control token, and the end-of-generation
+        # token that ended the answer, have empty text
+        return [(tok.token_bytes(t, special=not tok.is_eog(t)), lp,
+                 [(tok.token_bytes(u, special=False), v) for u, v in top]) for t, lp, top in entries]
 
     # -- endpoints --------------------------------------------------------------------
 

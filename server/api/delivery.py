@@ -19,7 +19,7 @@ class Collected:
     """Each choice's deltas, gathered for a whole answer."""
     texts: list[list[str]]
     reasoning: list[list[str]]
-    logprobs: list[list]            # the deltas' (token id, logprob, top) entries, in order
+    logprobs: list[list]            # the deltas' (token id, logprob, top) entries, in order, the EOG's last
     finish: list[str | None]
 
     def text(self, i: int) -> str:
@@ -38,6 +38,8 @@ async def collect(request: Request, job: Job, n: int) -> Collected:
             got.texts[i].append(d.text)
             got.reasoning[i].append(d.reasoning)
             got.logprobs[i].extend(d.logprobs)
+            if d.eog is not None:
+                got.logprobs[i].append(d.eog)
             if d.finish_reason:
                 got.finish[i] = d.finish_reason
 

@@ -26,6 +26,9 @@ class Delta:
     tool_calls: list[dict] = field(default_factory=list)
     # return_progress: llama-server's prompt_progress {total, cache, processed, time_ms}
     progress: dict | None = None
+    # the end-of-generation token that ended the choice, as a logprobs entry: it has no text, so
+    # no stream delta carries it, but llama-server lists it in whole answers and native streams
+    eog: tuple[int, float | None, list[tuple[int, float]]] | None = None
 
 
 class Choice:
@@ -60,12 +63,13 @@ class Choice:
             return Delta(progress={"total": ev.n_prompt, "cache": ev.n_cached, "processed": ev.progress,
                                    "time_ms": int((now - self.t_progress) * 1000)})
         self.n_draft, self.n_draft_accepted = ev.n_draft, ev.n_draft_accepted
-        out = ""
+        out, eog = "", None
         if ev.token is not None:
             self.n_tokens += 1
             eog_stop = ev.finish_reason == "stop" and self.tokenizer.is_eog(ev.token)
             if eog_stop:
                 self.eog_token = ev.token
+                eog = (ev.token, ev.logprob, list(ev.top_logprobs or ()))
             else:
                 piece = self.decoder.push(ev.token)
                 self._pending.append((self._text_len, (ev.token, ev.logprob,
@@ -80,7 +84,7 @@ class Choice:
         if self.stops.stopped:
             finish = "stop"
         self._emitted += len(out)
-        delta = Delta(out, self._release(finish is not None), finish)
+        delta = Delta(out, self._release(finish is not None), finish, eog=eog)
         if self.output is not None:
             parts = self.output.feed(out)
             if finish is not None:

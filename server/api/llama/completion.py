@@ -144,15 +144,13 @@ def generation_settings(api: API, req: NativeCompletionRequest, p) -> dict:
 def probs(api: API, entries, k: int, post: bool = False) -> list[dict]:
     """`completion_probabilities` of the tokens behind a piece of text; post (post_sampling_probs):
     probabilities after the sampler chain, as `prob` / `top_probs` (the sampler keeps them as logs)."""
-    tb = api.service.engine.tokenizer.token_bytes
-
-    def one(t, lp):
-        raw = tb(t)
+    def one(t, raw, lp):
         return {"id": t, "token": S.token_text(raw), "bytes": list(raw),
                 **({"prob": math.exp(lp)} if post else {"logprob": lp})}
 
     top_key = "top_probs" if post else "top_logprobs"
-    return [{**one(t, lp), top_key: [one(u, v) for u, v in top[:k]]} for t, lp, top in entries]
+    return [{**one(t, raw, lp), top_key: [one(u, r, v) for (u, v), (r, _) in zip(top[:k], top_raw)]}
+            for (t, lp, top), (raw, _, top_raw) in zip(entries, api.logprob_tokens(entries))]
 
 
 def stop_type(job: Job, i: int, finish: str | None) -> tuple[str, str]:
@@ -228,10 +226,7 @@ class NativeAnswer:
         """The whole answer: one object, or a list of them for several."""
         outs = []
         for i in range(len(self.prompts)):
-            ids = [t for t, _, _ in got.logprobs[i]]
-            eog = self.job.choices[i].eog_token
-            if eog is not None:          # llama-server lists the EOS token among `tokens`
-                ids.append(eog)
+            ids = [t for t, _, _ in got.logprobs[i]]         # the EOS token last, as llama-server
             text = got.text(i)
             outs.append(self.final(i, text, text, ids if self.req.return_tokens else [], got.logprobs[i],
                                    got.finish[i]))
@@ -248,6 +243,8 @@ class NativeAnswer:
                 yield self.progress_frame(i, d)
             if d.text or d.logprobs:
                 yield self.token_frame(i, d)
+            if d.eog is not None:           # llama-server sends the EOS token in a frame of its own
+                yield self.token_frame(i, Delta(logprobs=[d.eog]))
             if d.finish_reason:
                 yield self.final(i, "", "".join(texts[i]), [], [], d.finish_reason)
 
