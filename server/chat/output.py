@@ -32,6 +32,7 @@ from ggserve.server.chat.tools.formats import (  # noqa: F401
 from ggserve.server.chat.tools.gemma4 import Gemma4
 from ggserve.server.chat.tools.json_sections import JsonSection
 from ggserve.server.chat.tools.kimi_k3 import KimiK3
+from ggserve.server.chat.tools.muse import MuseGlimmer
 from ggserve.server.chat.tools.syntax import _ID_CHARS, Format, Parsed, held
 from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
 
@@ -113,7 +114,7 @@ def parse(text: str, fmt: Format, *, partial: bool = False, reasoning: bool = Tr
 
 
 def _parse(text: str, fmt: Format, partial: bool, reasoning: bool, tools: bool, open_think: bool) -> Parsed:
-    if isinstance(fmt, Harmony):
+    if isinstance(fmt, (Harmony, MuseGlimmer)):
         return fmt.parse(text, partial, reasoning, tools)
     if isinstance(fmt, KimiK3):
         return fmt.parse(text, partial, reasoning, tools, open_think)

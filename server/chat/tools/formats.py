@@ -21,6 +21,7 @@ from ggserve.server.chat.tools.json_sections import (
     NemotronV2,
 )
 from ggserve.server.chat.tools.kimi_k3 import KimiK3
+from ggserve.server.chat.tools.muse import MuseGlimmer
 from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
 from ggserve.server.chat.tools.tagged import Hy3, MiniCPM5, MiniMaxM2
@@ -310,6 +311,8 @@ def detect(source: str) -> type[Format]:
         return DeepSeekDsml if "function_calls" in s else DeepSeekDsmlV4
     if "<|tool_call_start|>" in s or "<|tool_list_start|>" in s or "List of tools: [" in s:
         return Lfm2
+    if "<atem:function_calls>" in s and "<|eom|>" in s:
+        return MuseGlimmer
     if "<|open|>" in s and "<|close|>" in s and "<|end_of_msg|>" in s:
         return KimiK3
     if ">>>all" in s and ">>>${recipient}" in s:

@@ -123,11 +123,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def record_template(binary: str, model: str, template: str, max_tokens: int, kinds: tuple) -> list[dict]:
+def record_template(binary: str, model: str, template: str, max_tokens: int, kinds: tuple,
+                    threads: int = 2) -> list[dict]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [binary, "-m", model, "--jinja", "--chat-template-file", os.path.join(TEMPLATES, template + ".jinja"),
-           "--port", str(port), "-np", "1", "-c", "4096", "-t", "2", "--no-warmup", "--verbose", "--seed", "1"]
+           "--port", str(port), "-np", "1", "-c", "4096", "-t", str(threads), "--no-warmup", "--verbose", "--seed", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = []
     try:
@@ -180,6 +181,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help="llama-server -t (1 where several record side by side)")
     ap.add_argument("--only", nargs="*", help="templates to record (the other records are kept)")
     ap.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS,
                     help="kinds of request to record (the records of other kinds are kept)")
@@ -198,7 +200,7 @@ def main() -> int:
         kinds = tuple(k for k in args.kinds if k == "forced" or name in CALL_TEMPLATES)
         if not kinds:
             continue
-        got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds)
+        got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds, args.threads)
         records += got
         print(name, kinds, len(got), sum(r["status"] != 200 for r in got), flush=True)
         with open(out_path, "w", encoding="utf-8") as f:     # after each template: a long run keeps what it has
