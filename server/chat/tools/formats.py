@@ -224,6 +224,16 @@ class Llama3(Format):
             return calls, i
 
 
+class FunctionaryV31(_NameArgs):
+    """Functionary v3.1 (llama.cpp's autoparser, patched as its analyzer patches it):
+    <function=NAME>{...}</function>, call after call."""
+
+    name = "functionary_v3_1"
+    lenient_end = True
+    markers = ("<function=", "</function>")
+    call_open, name_end, call_close = "<function=", ">", "</function>"
+
+
 class DeepSeekV31(_NameArgs):
     """DeepSeek V3.1/V3.2 (and R1 0528 without the code fence)."""
 
@@ -353,6 +363,8 @@ def detect(source: str) -> type[Format]:
         if "[ARGS]" not in s:
             return MistralNemo
         return Ministral3 if "[SYSTEM_PROMPT]" in s and "[CALL_ID]" not in s else MistralArgs
+    if "set has_code_interpreter = tools | selectattr(" in s and "<function=" in s:
+        return FunctionaryV31
     if "<|start_header_id|>" in s and ("ipython" in s or "python_tag" in s):
         return Llama3
     if "tools" in s:
