@@ -65,8 +65,10 @@ class Qwen3Coder(_XmlParams):
     """Qwen3-Coder: <tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>."""
 
     name = "qwen3_coder"
-    # llama.cpp's qwen3-coder parser skips whitespace before the answer, after reasoning or not
+    # llama.cpp's qwen3-coder parser skips whitespace before the answer, after reasoning or not,
+    # and ends reasoning at a call too (its thinking_end_tags), where the template thinks at all
     lstrip_content = True
+    reasoning_stops, reasoning_stops_always, think_in_source_only = ("<tool_call>",), True, True
     call_open, call_close = "<tool_call>", "</tool_call>"
     markers = ("<tool_call>", "</tool_call>")
     starts = ("<tool_call>",)
@@ -107,6 +109,7 @@ class SeedOss(Qwen3Coder):
 
     name = "seed_oss"
     lstrip_content = None
+    reasoning_stops, reasoning_stops_always, think_in_source_only = (), False, False
     call_open, call_close = "<seed:tool_call>", "</seed:tool_call>"
     markers = ("<seed:tool_call>", "</seed:tool_call>")
     starts = ("<seed:tool_call>",)
