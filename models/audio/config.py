@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ggserve.models.mmproj import u32
 from ggserve.models.registry import ModelError
 
 
@@ -25,16 +26,6 @@ class AudioConfig:
     sample_rate: int = 16000
 
 
-def _u32(meta: dict, key: str, path: str, default=None) -> int:
-    v = meta.get(key, default)
-    if v is None:
-        raise ModelError(f"{path}: missing metadata {key!r}")
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise ModelError(f"{path}: metadata {key!r} is not an integer ({v!r})") from None
-
-
 def projector_type(meta: dict) -> str | None:
     proj = meta.get("clip.projector_type") or meta.get("clip.audio.projector_type")
     return "qwen2a" if proj == "qwen2.5o" else proj
@@ -48,15 +39,15 @@ def read_config(meta: dict, path: str, supported: tuple[str, ...]) -> AudioConfi
     if proj not in supported:
         raise ModelError(f"{path}: unsupported audio projector type {proj!r} (supported: {', '.join(supported)})")
     stacked = ("ultravox", "voxtral", "glma")     # the stack factor is required (clip.cpp require_stack)
-    stack = _u32(meta, "clip.audio.projector.stack_factor", path, 0 if proj not in stacked else None)
+    stack = u32(meta, "clip.audio.projector.stack_factor", path, 0 if proj not in stacked else None)
     cfg = AudioConfig(
         projector=proj,
-        n_mel=_u32(meta, "clip.audio.num_mel_bins", path),
-        n_embd=_u32(meta, "clip.audio.embedding_length", path),
-        n_head=_u32(meta, "clip.audio.attention.head_count", path),
-        n_ff=_u32(meta, "clip.audio.feed_forward_length", path),
-        n_layer=_u32(meta, "clip.audio.block_count", path),
-        n_embd_out=_u32(meta, "clip.audio.projection_dim", path, 0),
+        n_mel=u32(meta, "clip.audio.num_mel_bins", path),
+        n_embd=u32(meta, "clip.audio.embedding_length", path),
+        n_head=u32(meta, "clip.audio.attention.head_count", path),
+        n_ff=u32(meta, "clip.audio.feed_forward_length", path),
+        n_layer=u32(meta, "clip.audio.block_count", path),
+        n_embd_out=u32(meta, "clip.audio.projection_dim", path, 0),
         eps=float(meta.get("clip.audio.attention.layer_norm_epsilon", 1e-5)),
         stack_factor=stack,
     )

@@ -1,8 +1,8 @@
 """An mmproj's audio encoder + projector: a clip -> chunks -> [n_tokens, n_embd_out] rows each.
 
-The interface is the vision model's (models/vision/encoder.py), so the engine encodes
-an audio chunk as it encodes an image tile: `encode_on(chunk, device)` on the encoder's
-worker thread, embeddings kept in the image store by content key. Families:
+The interface is the vision model's (both are models/mmproj.py MmprojEncoders), so the
+engine encodes an audio chunk as it encodes an image tile: `encode_on(chunk, device)` on
+the encoder's worker thread, embeddings kept in the image store by content key. Families:
 models/audio/whisper.py (ultravox, voxtral, qwen2a), models/audio/gemma4a.py.
 """
 from __future__ import annotations
@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggserve.models.audio.config import read_config
+from ggserve.models.mmproj import MmprojEncoder, open_gguf
 from ggserve.models.registry import ModelError
 from ggserve.models.weights import Weights
-from ggserve.native import ggml
-from ggserve.native.gguf_file import GGUFError, GGUFFile
 
 
 class ClipMel:
@@ -92,12 +91,10 @@ def supported() -> tuple[str, ...]:
     return tuple(sorted(_families()))
 
 
-class AudioModel:
+class AudioModel(MmprojEncoder):
     def __init__(self, cfg, tensors: dict, path: str, backend, buffers: dict):
+        super().__init__(path, backend, buffers)
         self.config = cfg
-        self.path = path
-        self.backend = backend
-        self._buffers = buffers
         self.projector = cfg.projector
         try:
             self.encoder = _families()[cfg.projector](cfg, Weights(tensors, path))
@@ -116,37 +113,11 @@ class AudioModel:
         """Load an mmproj's audio encoder onto `device` (default: the backend's first).
         ModelError naming the file for anything missing, unsupported or corrupt."""
         path = os.fspath(path)
-        try:
-            gguf = GGUFFile(path)
-        except FileNotFoundError:
-            raise ModelError(f"{path}: mmproj file not found") from None
-        except (GGUFError, OSError) as e:
-            raise ModelError(str(e) if path in str(e) else f"{path}: {e}") from None
+        gguf = open_gguf(path)
         cfg = read_config(gguf.metadata, path, supported())
-        device = device if device is not None else backend.devices[0]
         names = [n for n in gguf.tensors if n.startswith(("a.", "mm.a.")) or n in ("v.boi", "v.eoi")]   # glma
-        try:
-            buffers = backend.load_weights(gguf, {n: device for n in names})
-        except ggml.GGMLError as e:
-            raise ModelError(f"{path}: {e}" if path not in str(e) else str(e)) from None
-        tensors = {}
-        for b in buffers.values():
-            tensors.update(b.tensors)
-        try:
-            return cls(cfg, tensors, path, backend, buffers)
-        except Exception:
-            for b in buffers.values():
-                b.close()
-            raise
-
-    def close(self) -> None:
-        for b in self._buffers.values():
-            b.close()
-        self._buffers = {}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        return cls.load(gguf, backend, device, names,
+                        lambda tensors, buffers: cls(cfg, tensors, path, backend, buffers))
 
     @property
     def sample_rate(self) -> int:
@@ -178,27 +149,9 @@ class AudioModel:
         finally:
             g.close()
 
-    def encode(self, chunk: AudioChunk) -> np.ndarray:
-        """One chunk -> float32 [n_tokens, n_embd_out]."""
-        return self._run(chunk, lambda out: out.read().reshape(-1, self.n_embd_out))
-
-    def encode_on(self, chunk: AudioChunk, device) -> ggml.Buffer:
-        """One chunk -> a buffer on `device` holding "embd" f32 [n_embd_out, n_tokens]."""
-        def keep(out):
-            n_tokens = out.nbytes // 4 // self.n_embd_out
-            buf = self.backend.alloc(device, [("embd", ggml.F32, (self.n_embd_out, n_tokens))])
-            buf["embd"].copy_from(out)
-            return buf
-        return self._run(chunk, keep)
-
-    def _run(self, chunk: AudioChunk, take):
+    def _graph(self, g, chunk: AudioChunk):
         mel = np.ascontiguousarray(chunk.mel, dtype=np.float32)
-        g = self.backend.graph()
-        try:
-            inp, out, extra = self.encoder.build(g, mel.shape[1])
-            out.set_name("audio_out")
-            g.output(out)
-            self.backend.compute(g, {inp: mel, **extra})
-            return take(out)
-        finally:
-            g.close()
+        inp, out, extra = self.encoder.build(g, mel.shape[1])
+        out.set_name("audio_out")
+        g.output(out)
+        return out, {inp: mel, **extra}

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from ggserve.models.registry import ModelError
+from ggserve.models.mmproj import MmprojEncoder
 from ggserve.models.vision import vit
 from ggserve.models.vision.mmproj import VisionConfig, open_mmproj
 from ggserve.models.vision.preprocess import Plan, Tiles, preprocessor_for, to_rgb
@@ -34,19 +34,18 @@ from ggserve.native import ggml
 LLAVA_CLS_LAST = True
 
 
-class VisionModel:
+class VisionModel(MmprojEncoder):
     """An mmproj's vision encoder + projector: image -> tiles -> [n_tokens, n_embd_out] per tile.
 
-    Weights live in backend buffers (mmap on CPU); each tile is one graph computed
-    with backend.compute. Call close() to release the weights.
+    Weights live in backend buffers (mmap on CPU); each tile, float32 [3, H, W], is one
+    graph computed with backend.compute (models/mmproj.py: encode, encode_on). Call
+    close() to release the weights.
     """
 
     def __init__(self, cfg: VisionConfig, tensors: dict, path: str, backend, buffers: dict,
                  meta: dict | None = None):
+        super().__init__(path, backend, buffers)
         self.config = cfg
-        self.path = path
-        self.backend = backend
-        self._buffers = buffers
         self.projector = cfg.projector
         fam = family_class(cfg.projector, meta or {})
         # a family module of models/vision/ (registry.py), or the built-in paths below
@@ -96,35 +95,8 @@ class VisionModel:
         """
         path = os.fspath(path)
         gguf, cfg = open_mmproj(path)
-        device = device if device is not None else backend.devices[0]
-        try:
-            buffers = backend.load_weights(gguf, {name: device for name in gguf.tensors})
-        except ggml.GGMLError as e:
-            raise ModelError(f"{path}: {e}" if path not in str(e) else str(e)) from None
-        tensors = {}
-        for b in buffers.values():
-            tensors.update(b.tensors)
-        try:
-            return cls(cfg, tensors, path, backend, buffers, gguf.metadata)
-        except Exception:
-            for b in buffers.values():
-                b.close()
-            raise
-
-    def close(self) -> None:
-        for b in self._buffers.values():
-            b.close()
-        self._buffers = {}
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        return cls.load(gguf, backend, device, gguf.tensors,
+                        lambda tensors, buffers: cls(cfg, tensors, path, backend, buffers, gguf.metadata))
 
     # -- preprocessing ---------------------------------------------------------------
 
@@ -249,32 +221,12 @@ class VisionModel:
 
     # -- encoding --------------------------------------------------------------------
 
-    def encode(self, tile: np.ndarray) -> np.ndarray:
-        """One float32 [3, H, W] tile -> float32 [n_tokens, n_embd_out] embeddings."""
-        return self._run(tile, lambda out: out.read().reshape(-1, self.n_embd_out))
-
-    def encode_on(self, tile: np.ndarray, device) -> ggml.Buffer:
-        """Encode one tile into a buffer on `device` holding tensor "embd" (f32
-        [n_embd_out, n_tokens]), copied from the compute buffer device to device:
-        embeddings kept where the text model runs never pass through host memory."""
-        def keep(out):
-            n_tokens = out.nbytes // 4 // self.n_embd_out
-            buf = self.backend.alloc(device, [("embd", ggml.F32, (self.n_embd_out, n_tokens))])
-            buf["embd"].copy_from(out)
-            return buf
-        return self._run(tile, keep)
-
-    def _run(self, tile, take):
+    def _graph(self, g, tile):
         tile = np.ascontiguousarray(tile, dtype=np.float32)
         if tile.ndim != 3 or tile.shape[0] != 3:
             raise ValueError(f"a tile is float32 [3, H, W], got shape {tile.shape}")
-        g = self.backend.graph()
-        try:
-            inp, out, extra = self.build_inputs(g, tile.shape[2], tile.shape[1])
-            self.backend.compute(g, {inp: tile, **extra})
-            return take(out)
-        finally:
-            g.close()
+        inp, out, extra = self.build_inputs(g, tile.shape[2], tile.shape[1])
+        return out, {inp: tile, **extra}
 
     def encode_image(self, image) -> list[np.ndarray]:
         """Preprocess and encode every tile of an image, in order."""

@@ -6,13 +6,13 @@ ModelError naming the file, raised before any weight is loaded.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ggserve.models.mmproj import open_gguf, u32
 from ggserve.models.registry import ModelError
-from ggserve.native.gguf_file import GGUFError, GGUFFile
+from ggserve.native.gguf_file import GGUFFile
 
 PROJECTORS = ("gemma3", "idefics3", "mlp")   # built-in paths; more families: models/vision/registry.py
 
@@ -46,16 +46,6 @@ class VisionConfig:
         return n * n
 
 
-def _u32(meta: dict, key: str, path: str, default=None) -> int:
-    v = meta.get(key, default)
-    if v is None:
-        raise ModelError(f"{path}: missing metadata {key!r}")
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise ModelError(f"{path}: metadata {key!r} is not an integer ({v!r})") from None
-
-
 def _triple(meta: dict, key: str, path: str) -> tuple[float, float, float]:
     v = meta.get(key)
     if v is None or len(v) < 3:
@@ -84,19 +74,19 @@ def read_config(gguf: GGUFFile) -> VisionConfig:
     n_merge = 1
     longest_edge = 0
     if proj == "gemma3":
-        n_merge = _u32(meta, "clip.vision.projector.scale_factor", path, GEMMA3_N_MERGE)
+        n_merge = u32(meta, "clip.vision.projector.scale_factor", path, GEMMA3_N_MERGE)
     elif proj == "idefics3":
-        n_merge = _u32(meta, "clip.vision.projector.scale_factor", path, 0)
-        longest_edge = _u32(meta, "clip.vision.preproc_image_size", path, 0)
+        n_merge = u32(meta, "clip.vision.projector.scale_factor", path, 0)
+        longest_edge = u32(meta, "clip.vision.preproc_image_size", path, 0)
 
     cfg = VisionConfig(
         projector=proj,
-        image_size=_u32(meta, "clip.vision.image_size", path),
-        patch_size=_u32(meta, "clip.vision.patch_size", path),
-        n_embd=_u32(meta, "clip.vision.embedding_length", path),
-        n_head=_u32(meta, "clip.vision.attention.head_count", path),
-        n_ff=_u32(meta, "clip.vision.feed_forward_length", path),
-        n_layer=_u32(meta, "clip.vision.block_count", path),
+        image_size=u32(meta, "clip.vision.image_size", path),
+        patch_size=u32(meta, "clip.vision.patch_size", path),
+        n_embd=u32(meta, "clip.vision.embedding_length", path),
+        n_head=u32(meta, "clip.vision.attention.head_count", path),
+        n_ff=u32(meta, "clip.vision.feed_forward_length", path),
+        n_layer=u32(meta, "clip.vision.block_count", path),
         eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
         ffn_op=ffn_op,
         image_mean=_triple(meta, "clip.vision.image_mean", path),
@@ -131,12 +121,5 @@ def _check(cfg: VisionConfig, path: str) -> None:
 
 def open_mmproj(path) -> tuple[GGUFFile, VisionConfig]:
     """Read and validate an mmproj header. Every failure is a ModelError naming the file."""
-    path = os.fspath(path)
-    try:
-        gguf = GGUFFile(path)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: mmproj file not found") from None
-    except (GGUFError, OSError) as e:
-        msg = str(e)
-        raise ModelError(msg if path in msg else f"{path}: {msg}") from None
+    gguf = open_gguf(path)
     return gguf, read_config(gguf)
