@@ -48,6 +48,7 @@ def split(text: str, start: str, end: str, partial: bool) -> tuple[str, str]:
         if not s_tag:     # no end marker (yet): no reasoning after all, the whole text is the answer
             return ("", "") if partial else ("", text[i:])
         body = text[i:]
-        return body[:len(body) - held(body, (e_tag,))] if partial else body, ""
+        # as llama.cpp's until, an end that may begin the end marker is not reasoning, even at the end
+        return body[:len(body) - held(body, (e_tag,))], ""
     j = _optional_chars(text, k + len(e_tag), end[len(end.rstrip(_WS)):])
     return text[i:k], text[j:]

@@ -67,8 +67,7 @@ def split_reasoning(text: str, think: tuple[str, str], partial: bool, open_at_st
     if cut:
         return body[:min(cut)].lstrip() if lstrip else body[:min(cut)], body[min(cut):]
     if k < 0:
-        if partial or stops:
-            body = body[:len(body) - held(body, (close_tag, *stops))]
+        body = body[:len(body) - held(body, (close_tag, *stops))]
         return body.lstrip() if lstrip else body, ""
     rest = body[k + len(close_tag):]
     return body[:k].lstrip() if lstrip else body[:k], rest if open_at_start or not lstrip_rest else rest.lstrip()

@@ -126,5 +126,6 @@ class MiniCPM5(TaggedCalls):
 
     name = "minicpm5"
     lenient_end = True
+    lstrip_content = True              # its parser skips the whitespace after the reasoning
     name_prefix, name_suffix, func_close = '<function name="', '">', "</function>"
     key_prefix, value_prefix, value_suffix = '<param name="', '">', "</param>"
