@@ -18,10 +18,15 @@ _WS = " \t\r\n"
 
 def opened(prompt: str, start: str, end: str) -> str:
     """What of the prompt is parsed with the output: from the last start marker on, when no
-    end marker follows it ("" otherwise)."""
-    tag = start.strip(_WS)
+    end marker follows it, or when the prompt ends with that block closed (an empty one, as
+    a template writes with thinking off: the answer then starts right after it, its leading
+    whitespace kept); "" otherwise."""
+    tag, etag = start.strip(_WS), end.strip(_WS)
     i = prompt.rfind(tag) if tag else -1
-    if i < 0 or end.strip(_WS) in prompt[i + len(tag):]:
+    if i < 0:
+        return ""
+    k = prompt.find(etag, i + len(tag)) if etag else -1
+    if k >= 0 and prompt[k + len(etag):].strip(_WS):
         return ""
     return prompt[i:]
 

@@ -25,7 +25,16 @@ from ggserve.server.chat.tools.muse import MuseGlimmer
 from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
 from ggserve.server.chat.tools.tagged import Hy3, MiniCPM5, MiniMaxM2
-from ggserve.server.chat.tools.xml import DeepSeekDsml, DeepSeekDsmlV4, Glm45, Harmony, Qwen3Coder, SeedOss
+from ggserve.server.chat.tools.xml import (
+    DeepSeekDsml,
+    DeepSeekDsmlV4,
+    Glm45,
+    Harmony,
+    Ling3,
+    LlmJpHarmony,
+    Qwen3Coder,
+    SeedOss,
+)
 
 
 class Hermes(Format):
@@ -307,6 +316,8 @@ class Generic(Format):
 def detect(source: str) -> type[Format]:
     """The tool-call format a chat template writes (as llama.cpp tells them apart)."""
     s = source or ""
+    if "chat_format=llm-jp-harmony-v1" in s:
+        return LlmJpHarmony
     if "<|channel|>" in s:
         return Harmony
     if "'<|tool_call>call:'" in s:
@@ -315,6 +326,8 @@ def detect(source: str) -> type[Format]:
         return KimiK2
     if "<｜tool▁calls▁begin｜>" in s:
         return DeepSeekR1 if "```json" in s else DeepSeekV31
+    if "<role>ASSISTANT</role>" in s and "<arg_key>" in s:
+        return Ling3
     if "<arg_key>" in s:
         return Glm45
     if "dsml_token" in s and "DSML" in s and ("function_calls" in s or "tool_calls" in s):

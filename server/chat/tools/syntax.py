@@ -183,7 +183,11 @@ class Format:
         if partial:
             after = after[:len(after) - held(after, self.starts)]
         # as llama-server: the text before the calls is kept as written
-        return text[:start] + (after.strip() if self.text_after_calls else ""), calls
+        return text[:start] + self.after_calls(after), calls
+
+    def after_calls(self, after: str) -> str:
+        """The content the text after the last call adds."""
+        return after.strip() if self.text_after_calls else ""
 
     def block(self, text: str, i: int, partial: bool) -> tuple[list[Call], int]:
         raise NotImplementedError

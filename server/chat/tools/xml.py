@@ -145,6 +145,22 @@ class Glm45(_XmlParams):
         return [self.xml_call(name, params)], i
 
 
+class Ling3(Glm45):
+    """Ling 3.0 / Bailing V3 (llama.cpp's common/parsers/ling3.cpp): GLM's calls; reasoning and
+    answer exactly as written, reasoning the prompt opened ended by a call too, and the text
+    after the calls up to the turn's end token."""
+
+    name = "ling3"
+    lstrip_content = lstrip_reasoning = lstrip_open_reasoning = lstrip_after_reasoning = False
+    lenient_end = True
+    reasoning_stops = ("<tool_call>",)
+
+    def after_calls(self, after: str) -> str:
+        after = after.lstrip(" \t\r\n")
+        k = after.find("<|role_end|>")
+        return after[:k] if k >= 0 else after[:len(after) - held(after, ("<|role_end|>",))]
+
+
 class Harmony(Format):
     """gpt-oss: channels. analysis -> reasoning, final -> content,
     commentary to=functions.NAME -> a call (its message is the arguments)."""
@@ -167,7 +183,7 @@ class Harmony(Format):
                 continue
             head, sep, body = msg.partition("<|message|>")
             if not sep:
-                if last and partial:
+                if last and (partial or self.lenient_end):
                     break
                 out.content += msg
                 continue
@@ -258,3 +274,16 @@ class DeepSeekDsmlV4(DeepSeekDsml):
 
     name = "deepseek_v4"
     block_name = "tool_calls"
+
+
+class LlmJpHarmony(Harmony):
+    """LLM-jp 4.1 (llama.cpp's common/parsers/llm-jp-harmony.cpp): gpt-oss's channels with the
+    tokenizer's spaces after the special tokens (one after <|message|> is not the message's),
+    and a message cut off before its <|message|> is dropped."""
+
+    name = "llm_jp_harmony"
+    lenient_end = True
+    _spaces = re.compile(r"(<\|start\|>|<\|channel\|>|<\|constrain\|>) +|(<\|message\|>) ")
+
+    def parse(self, text: str, partial: bool, reasoning: bool, tools: bool) -> Parsed:
+        return super().parse(self._spaces.sub(lambda m: m.group(1) or m.group(2), text), partial, reasoning, tools)
