@@ -42,8 +42,7 @@ class RecurrentState:
         for device, ils in by_device.items():
             specs = [(f"state_l{il}_{i}", ggml.F32, (size, (2 + SNAPSHOTS) * n_seqs))
                      for il in ils for i, size in enumerate(layers[il].sizes)]
-            buf = backend.alloc(device, specs)
-            buf.clear(0)
+            buf = backend.alloc(device, specs)    # zeroed (host pages as they are written: rows never used cost no RAM)
             self.buffers.append(buf)
             tensors.update(buf.tensors)
         # (layer, state index) -> tensor
