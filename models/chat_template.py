@@ -102,9 +102,11 @@ def _strftime_now(fmt: str) -> str:
     return now().strftime(fmt)
 
 
-class _Undefined(jinja2.Undefined):
+class _Undefined(jinja2.ChainableUndefined):
     """llama.cpp's jinja: an undefined value + or ~ a string is that string (e.g.
-    firefunction-v2's `functions`, which no caller passes); anything else fails."""
+    firefunction-v2's `functions`, which no caller passes), its attributes and items are
+    undefined too (Command R+ reads an object schema's absent additionalProperties' type);
+    anything else fails."""
     __slots__ = ()
 
     def __add__(self, other):

@@ -70,6 +70,10 @@ CONVERSATIONS = {
         {"role": "developer", "content": "Answer in French."},
         {"role": "user", "content": "Good morning!"}]},
     "tools_offered": {"tools": TOOLS, "messages": [USER]},
+    # an object parameter without properties (Command R+ reads its absent additionalProperties)
+    "tools_untyped_object": {"tools": [{"type": "function", "function": {
+        "name": "search", "description": "Search the web", "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"}, "filters": {"type": "object"}}, "required": ["query"]}}}], "messages": [USER]},
     "tools_offered_system": {"tools": TOOLS, "messages": [
         {"role": "system", "content": "You are a weather bot."}, USER]},
     "tool_call_and_result": {"tools": TOOLS, "messages": [USER, CALL, RESULT]},
