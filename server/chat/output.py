@@ -128,6 +128,11 @@ def _parse(text: str, fmt: Format, partial: bool, reasoning: bool, tools: bool, 
         except Malformed:
             return Parsed(r, "" if partial else rest)
         return Parsed(r, content, calls)
+    if fmt.think_bare_end and not open_think and fmt.think[1]:
+        if partial and fmt.think[1].startswith(text):
+            return Parsed()
+        if text.startswith(fmt.think[1]):
+            text = text[len(fmt.think[1]):]
     lstrip = fmt.lstrip_open_reasoning if open_think else fmt.lstrip_reasoning
     stops = fmt.reasoning_stops if fmt.reasoning_stops_always or tools and open_think else ()
     r, rest = split_reasoning(text, fmt.think, partial, open_think, lstrip and fmt.lstrip_reasoning,

@@ -24,7 +24,7 @@ from ggserve.server.chat.tools.kimi_k3 import KimiK3
 from ggserve.server.chat.tools.muse import MuseGlimmer
 from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete, json_call
-from ggserve.server.chat.tools.tagged import Hy3, MiniCPM5, MiniMaxM2
+from ggserve.server.chat.tools.tagged import Hy3, MiniCPM5, MiniMaxM2, MiniMaxM3
 from ggserve.server.chat.tools.xml import (
     DeepSeekDsml,
     DeepSeekDsmlV4,
@@ -342,6 +342,8 @@ def detect(source: str) -> type[Format]:
         return FunctionaryV32
     if "Tool usage guidelines:" in s and '<function name="' in s and '<param name="' in s:
         return MiniCPM5
+    if "]<]minimax[>[" in s and "<tool_call>" in s and "<invoke name=" in s:
+        return MiniMaxM3
     if "<minimax:tool_call>" in s:
         return MiniMaxM2
     if "'<tool_calls{}>'.format(HYTK)" in s:

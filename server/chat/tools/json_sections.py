@@ -152,6 +152,7 @@ class GigaChat3(JsonSection):
     message header; the answer as written, up to the header."""
 
     name = "gigachat_3"
+    think = ("", "")                   # its parser reads no reasoning
     section_start = "<|message_sep|>\n\nfunction call<|role_sep|>\n"
     lstrip_content = False
     lenient_end = True

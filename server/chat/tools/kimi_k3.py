@@ -38,16 +38,23 @@ class KimiK3(Format):
         out = Parsed()
         i = len(MSG_START) if text.startswith(MSG_START) else 0
         if open_think or text.startswith(THINK_START, i):
-            i += len(THINK_START) if text.startswith(THINK_START, i) else 0
+            # the prompt's opener is the one its parser consumes: one the model repeats is reasoning
+            i += len(THINK_START) if not open_think and text.startswith(THINK_START, i) else 0
             k = _until(text, i, (THINK_END, RESP_START))
             if reasoning:
                 out.reasoning = text[i:k]
             else:
                 out.content = text[i:k]
+            if not text.startswith((THINK_END, RESP_START), k):
+                return out          # the text ends in the reasoning (or in a marker)
             i = k + (len(THINK_END) if text.startswith(THINK_END, k) else 0)
         i += len(RESP_START) if text.startswith(RESP_START, i) else 0
+        if i < len(text) and RESP_START.startswith(text[i:]):
+            return out
         k = _until(text, i, (RESP_END, TOOLS_START, MSG_END))
         out.content += text[i:k]
+        if not text.startswith((RESP_END, TOOLS_START, MSG_END), k):
+            return out
         i = k + (len(RESP_END) if text.startswith(RESP_END, k) else 0)
         if tools and text.startswith(TOOLS_START, i):
             out.calls = self._calls(text, i + len(TOOLS_START), partial)
@@ -69,6 +76,10 @@ class KimiK3(Format):
                 parts.append(key + _dumps(_typed(text[a.end():k], schema)))
                 i = k + len("<|close|>argument<|sep|>")
             if not text.startswith("<|close|>call<|sep|>", i):
+                # a key written whole is in the arguments before its value comes
+                key = re.compile(r'<\|open\|>argument key="([^"]*)').match(text, i)
+                if key and key.group(1) in self.schemas.get(name, {}).get("properties", {}):
+                    parts.append(_dumps(key.group(1)) + ":")
                 return calls + [Call(name, "{" + ",".join(parts))]
             calls.append(Call(name, "{" + ",".join(parts) + "}"))
             i += len("<|close|>call<|sep|>")

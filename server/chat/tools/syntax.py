@@ -135,6 +135,7 @@ class Format:
     # (start, end) around the answer where the template always wraps it (Command R7B's
     # <|START_RESPONSE|>...<|END_RESPONSE|>): llama.cpp's autoparser reads the answer between them
     content_wrap: tuple[str, str] | None = None
+    think_bare_end = False             # an end marker the output opens with, without a start, is skipped
     think_in_source_only = False       # reasoning split off only where the template's source writes `think`
     reasoning_stops: tuple[str, ...] = ()   # with tools: markers that also end reasoning the prompt opened
     reasoning_stops_always = False     # the stops end reasoning without tools too

@@ -13,6 +13,7 @@ from ggserve.server.chat.tools.xml import _XmlParams
 
 class TaggedCalls(_XmlParams):
     section_start = section_end = per_call_start = per_call_end = ""
+    value_close_named = False
     name_prefix = name_suffix = args_sep = func_close = ""
     key_prefix = key_suffix = value_prefix = value_suffix = ""
 
@@ -81,13 +82,25 @@ class TaggedCalls(_XmlParams):
         value_open = self.value_prefix if self.key_suffix.strip() else ""
         while text.startswith(self.key_prefix, j := skip_ws(text, i)):
             k = text.find(key_end, j + len(self.key_prefix))
-            v = (skip_ws(text, k + len(key_end)) if value_open else k) if k >= 0 else -1
-            if k < 0 or not text.startswith(self.value_prefix, v):
+            if k < 0:
                 break
+            v = k if not self.key_suffix.strip() else \
+                skip_ws(text, k + len(key_end)) if value_open else k + len(key_end)
+            if not text.startswith(self.value_prefix, v):
+                break
+            key = text[j + len(self.key_prefix):k].strip()
             e = text.find(value_end, v + len(self.value_prefix))
-            if e < 0:
+            if e < 0 or key.startswith("/"):
                 break
-            params.append((text[j + len(self.key_prefix):k].strip(), text[v + len(self.value_prefix):e]))
+            if self.value_close_named:       # the closer names the key again: </KEY>
+                rest = text[e + len(value_end):e + len(value_end) + len(key) + 1]
+                if partial and len(rest) <= len(key) and (key + ">").startswith(rest):
+                    params.append((key, text[v + len(self.value_prefix):e]))   # the value is whole
+                    raise _Incomplete([self.partial_call(name, params)])
+                if not text.startswith(key + ">", e + len(value_end)):
+                    break
+                e += len(key) + 1
+            params.append((key, text[v + len(self.value_prefix):e - (len(key) + 1 if self.value_close_named else 0)]))
             i = e + len(value_end)
         if partial:
             self.incomplete(text, i, name, params, self.key_prefix, key_end, value_open, value_end)
@@ -129,3 +142,24 @@ class MiniCPM5(TaggedCalls):
     lstrip_content = True              # its parser skips the whitespace after the reasoning
     name_prefix, name_suffix, func_close = '<function name="', '">', "</function>"
     key_prefix, value_prefix, value_suffix = '<param name="', '">', "</param>"
+
+
+class MiniMaxM3(TaggedCalls):
+    """MiniMax-M3 (llama.cpp's common/parsers/minimax-m3.cpp): every tag in its namespace
+    "]<]minimax[>[": <tool_call>, <invoke name="NAME">, one <KEY>VALUE</KEY> per argument,
+    </invoke>, </tool_call>; reasoning between <mm:think> tags; the answer as written, up to
+    the calls. (Object and array arguments, which it writes as nested tags, are not read.)"""
+
+    name = "minimax_m3"
+    think = ("<mm:think>", "</mm:think>")
+    think_bare_end = True
+    lstrip_content = lstrip_reasoning = lstrip_after_reasoning = False
+    lenient_end = True
+    section_start, section_end = "]<]minimax[>[<tool_call>", "]<]minimax[>[</tool_call>"
+    name_prefix, name_suffix, func_close = ']<]minimax[>[<invoke name="', '">', "]<]minimax[>[</invoke>"
+    key_prefix, key_suffix = "]<]minimax[>[<", ">"
+    value_prefix, value_suffix, value_close_named = "", "]<]minimax[>[</", True
+
+    @property
+    def markers(self):
+        return ("]<]minimax[>[",)
