@@ -17,16 +17,35 @@ with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-
     RECORDS = [r for r in json.load(f)["records"] if r["status"] == 200 and "\ufffd" not in r["raw"]]
 
 
-@pytest.mark.parametrize("rec", RECORDS, ids=[f"{r['template']}-{r['kind']}-{i}" for i, r in enumerate(RECORDS)])
+# where ggserve does not yet parse as llama-server 11434 did, and why
+DIFFERENT = {
+    ("llama-cpp-rwkv-world", "forced"): "llama-server parses RWKV World's output as if the prompt had not opened "
+    "<think> (its own prompt ends with ' <think>'): not understood yet",
+}
+
+
+def _cases():
+    return [pytest.param(r, id=f"{r['template']}-{r['kind']}-{i}",
+                         marks=[pytest.mark.xfail(reason=DIFFERENT[r["template"], r["kind"]], strict=True)]
+                         if (r["template"], r["kind"]) in DIFFERENT else [])
+            for i, r in enumerate(RECORDS)]
+
+
+@pytest.mark.parametrize("rec", _cases())
 def test_parsed_as_llama_server_parsed_it(rec):
     assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"]) == theirs(rec["message"])
 
 
-@pytest.mark.parametrize("rec", RECORDS, ids=[f"{r['template']}-{r['kind']}-{i}" for i, r in enumerate(RECORDS)])
+@pytest.mark.parametrize("rec", _cases())
 def test_streamed_one_character_at_a_time_the_same(rec):
     assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"], pieces=1) == theirs(rec["message"])
 
 
-def test_records_cover_the_families():
-    assert len({r["template"] for r in RECORDS}) >= 14
-    assert {"forced", "calls", "plain"} <= {r["kind"] for r in RECORDS}
+def test_records_cover_every_template_and_each_tool_call_family():
+    """Forced texts for every template; generated calls for one template per family (record.py)."""
+    with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-8") as f:
+        every = json.load(f)["records"]
+    templates = {n[:-len(".jinja")] for n in os.listdir(os.path.join(DATA, "templates")) if n.endswith(".jinja")}
+    assert {r["template"] for r in every if r["kind"] == "forced"} == templates
+    for kind in ("calls", "parallel", "plain"):
+        assert len({r["template"] for r in every if r["kind"] == kind}) >= 40
