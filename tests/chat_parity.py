@@ -9,7 +9,7 @@ import os
 
 from ggserve.models.chat_template import ChatTemplate
 from ggserve.server.api import schemas as S
-from ggserve.server.api.openai.generation import continuation, template_messages
+from ggserve.server.api.openai.generation import continuation, prefill, template_messages
 from ggserve.server.app import ServerConfig
 from ggserve.server.chat.json_scan import minify
 from ggserve.server.chat.options import chat_options
@@ -36,7 +36,7 @@ def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str, pieces: int = 0) -> 
     cont, agp = continuation(req, msgs)
     prompt = render_chat(tmpl, opts.messages(msgs, tmpl), opts.tools, template_kwargs=opts.template_kwargs,
                          continue_final=cont, add_generation_prompt=agp)
-    out = opts.output(prompt)()
+    out = opts.output(prompt, prefill(req))()
     content = reasoning = ""
     for i in range(0, len(raw), pieces or len(raw) or 1):
         d = out.feed(raw[i:i + (pieces or len(raw))])

@@ -107,9 +107,33 @@ CALL_TEMPLATES = [
     "deepseek-ai-DeepSeek-V4", "google-gemma-4-31B-it", "openbmb-MiniCPM5-1B", "Qwen3-Coder",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
 ]
+# a call's opening as an assistant prefill (continued: llama-server parses it with what the
+# model writes after it), for the families where SmolLM2 writes no call of its own
+PREFILL = {
+    "deepseek-ai-DeepSeek-V3.1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B":
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n",
+    "GLM-4.7-Flash": "<tool_call>get_weather",
+    "ibm-granite-granite-4.0": '<tool_call>\n{"name": "get_weather", "arguments": ',
+    "NVIDIA-Nemotron-Nano-v2": '<TOOLCALL>[{"name": "get_weather", "arguments": ',
+    "Mistral-Small-3.2-24B-Instruct-2506": "[TOOL_CALLS]get_weather[ARGS]",
+    "mistralai-Mistral-Nemo-Instruct-2407": '[TOOL_CALLS][{"name": "get_weather", "arguments": ',
+    "meetkai-functionary-medium-v3.1": "<function=get_weather>",
+    "Apertus-8B-Instruct": '<|tools_prefix|>[{"get_weather": ',
+    "Apriel-1.6-15b-Thinker-fixed": '<tool_calls>[{"name": "get_weather", "arguments": ',
+    "MiniMax-M2": '<minimax:tool_call>\n<invoke name="get_weather">\n',
+    "tencent-Hy3": "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>",
+    "mistralai-Ministral-3-14B-Reasoning-2512": "[TOOL_CALLS]get_weather[ARGS]",
+    "Kimi-K2-Thinking":
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>",
+    "Cohere2MoE": '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": ',
+    "LFM2-8B-A1B": "<|tool_call_start|>[get_weather(",
+    "LFM2.5-Instruct": "<|tool_call_start|>[get_weather(",
+    "openbmb-MiniCPM5-1B": '<function name="get_weather"><param name="city">',
+}
 # the forced texts go to every template (each reasoning syntax, each family's parser)
 FORCED_TEMPLATES = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
-KINDS = ("forced", "calls", "parallel", "plain")
+KINDS = ("forced", "calls", "parallel", "plain", "prefill")
 
 
 def gbnf_literal(text: str) -> str:
@@ -149,6 +173,10 @@ def record_template(binary: str, model: str, template: str, max_tokens: int, kin
             bodies += [("calls", req) for req in CALLS]
         if "parallel" in kinds:
             bodies.append(("parallel", PARALLEL))
+        if "prefill" in kinds and template in PREFILL:
+            req = CALLS[0]
+            bodies.append(("prefill", {**req, "messages": req["messages"] + [
+                {"role": "assistant", "content": PREFILL[template]}]}))
         if "plain" in kinds:
             bodies.append(("plain", {"messages": [{"role": "user", "content": "Hello! Who are you?"}]}))
         for kind, req in bodies:
@@ -197,7 +225,8 @@ def main() -> int:
             records = [r for r in json.load(f)["records"]
                        if not (r["template"] in (args.only or FORCED_TEMPLATES) and r["kind"] in args.kinds)]
     for name in args.only or FORCED_TEMPLATES:
-        kinds = tuple(k for k in args.kinds if k == "forced" or name in CALL_TEMPLATES)
+        kinds = tuple(k for k in args.kinds
+                      if k == "forced" or name in CALL_TEMPLATES and (k != "prefill" or name in PREFILL))
         if not kinds:
             continue
         got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds, args.threads)
