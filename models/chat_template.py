@@ -20,6 +20,7 @@ from datetime import datetime
 
 import jinja2
 from jinja2 import nodes
+from jinja2.exceptions import SecurityError
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -116,10 +117,16 @@ class _Undefined(jinja2.ChainableUndefined):
         return other if isinstance(other, str) else self._fail_with_undefined_error()
 
 
+class _Sandbox(SandboxedEnvironment):
+    def unsafe_undefined(self, obj, attribute):
+        # refused at once: a chained undefined would render it as nothing
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
 def _environment() -> jinja2.Environment:
     # mutable: templates append to lists they build (Kimi K2's tool-call ids), as llama.cpp's jinja allows
-    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
-                               extensions=[_GenerationTag, loopcontrols])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
+                   extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
     env.filters["safe"] = str    # no Markup: jinja2's would HTML-escape what is added to it (functionary)
     for name in ("map", "select", "reject", "selectattr", "rejectattr"):
