@@ -63,7 +63,7 @@ class Engine:
                                   mlock=cfg.mlock, cpu_kernels=cfg.cpu_kernels, adapters=cfg.adapters)
         lm = self.loaded
         self.n_ctx_train = int(lm.gguf.metadata.get(f"{lm.gguf.architecture}.context_length", 0))
-        specs = sizing.layer_specs(lm.model, lm.device_of_layer, cfg.swa_full or lm.media is not None)  # rings: text only
+        specs = sizing.layer_specs(lm.model, lm.device_of_layer, cfg.swa_full)
         self.kv_size, self.n_ctx = sizing.fit_context(cfg, lm, specs, self.n_ctx_train)    # as llama.cpp's
         self.tokenizer, self.model, self.vision, self.backend = lm.tokenizer, lm.model, lm.vision, lm.backend
         self.n_threads = self.backend.n_threads       # -t: a step of one row; -tb (0: as -t): larger steps

@@ -187,7 +187,7 @@ class Memory:
                 rows = np.flatnonzero(np.asarray(seq_ids) == seq)
                 for a in range(0, len(rows), self.n_ubatch):
                     part = rows[a:a + self.n_ubatch]
-                    ring[part] = self.swa.place(seq, first[part])
+                    ring[part] = self.swa.place(seq, first[part], None if spans is None else spans[part])
             self._ring_cells = ring
         return cells
 

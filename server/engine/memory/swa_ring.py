@@ -64,9 +64,10 @@ class SwaRing(KVCache):
             out[sel] = self.pos[cells[sel]] <= pmax + 1 - self.window
         return out
 
-    def place(self, seq: int, positions: np.ndarray) -> np.ndarray:
-        """Find and take cells for seq's tokens at these positions (one ubatch),
-        llama.cpp's find_slot then apply_ubatch. Raises KVCacheFull."""
+    def place(self, seq: int, positions: np.ndarray, spans: np.ndarray | None = None) -> np.ndarray:
+        """Find and take cells for seq's tokens at these positions (one ubatch; spans: their
+        bidirectional span ids, an image's rows seeing each other), llama.cpp's find_slot then
+        apply_ubatch. Raises KVCacheFull."""
         r0, r1 = self._region(seq)
         size, n = r1 - r0, len(positions)
         used = int(np.count_nonzero(self.seqs[r0:r1]))
@@ -85,7 +86,7 @@ class SwaRing(KVCache):
             overwritten[s] = max(overwritten.get(s, -1), p)
         self.seqs[picked] = 0
         self.pos[picked] = -1
-        self.commit(picked, np.full(n, seq), positions)
+        self.commit(picked, np.full(n, seq), positions, spans)
         for s, p in overwritten.items():     # keep [pos_min, pos_max] whole: drop what lies below an overwritten one
             self.seq_rm(s, 0, p + 1)
         self.head[seq % self.n_regions] = int(picked[-1]) - r0 + 1
