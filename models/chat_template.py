@@ -169,6 +169,11 @@ class ChatTemplate:
             else self.family.thinking
         # Ministral 3 / Magistral: its handler writes typed system/assistant content (below)
         self._ministral3 = self.family is not None and self.family.name == "ministral_3"
+        # llama.cpp parses the output after its generation prompt, the difference between the
+        # prompt with and without one: none where the template turns it on by default (RWKV)
+        probe = [{"role": "user", "content": "U"}]
+        self.generation_prompt_parsed = self.reasoning.supported and self._render(probe, False, None, {}) != \
+            self._render(probe, True, None, {})
 
     @classmethod
     def from_metadata(cls, meta: dict, add_bos: bool = False) -> "ChatTemplate":

@@ -17,26 +17,15 @@ with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-
     RECORDS = [r for r in json.load(f)["records"] if r["status"] == 200 and "\ufffd" not in r["raw"]]
 
 
-# where ggserve does not yet parse as llama-server 11434 did, and why
-DIFFERENT = {
-    ("llama-cpp-rwkv-world", "forced"): "llama-server parses RWKV World's output as if the prompt had not opened "
-    "<think> (its own prompt ends with ' <think>'): not understood yet",
-}
+IDS = [f"{r['template']}-{r['kind']}-{i}" for i, r in enumerate(RECORDS)]
 
 
-def _cases():
-    return [pytest.param(r, id=f"{r['template']}-{r['kind']}-{i}",
-                         marks=[pytest.mark.xfail(reason=DIFFERENT[r["template"], r["kind"]], strict=True)]
-                         if (r["template"], r["kind"]) in DIFFERENT else [])
-            for i, r in enumerate(RECORDS)]
-
-
-@pytest.mark.parametrize("rec", _cases())
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
 def test_parsed_as_llama_server_parsed_it(rec):
     assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"]) == theirs(rec["message"])
 
 
-@pytest.mark.parametrize("rec", _cases())
+@pytest.mark.parametrize("rec", RECORDS, ids=IDS)
 def test_streamed_one_character_at_a_time_the_same(rec):
     assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"], pieces=1) == theirs(rec["message"])
 

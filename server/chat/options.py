@@ -26,6 +26,8 @@ class ChatOptions:
     reasoning: bool = True
     parallel: bool = True
     grammar_kind: str | None = None    # json_schema | gbnf | lark
+    # the prompt's reasoning opener is parsed with the output (models/chat_template.py)
+    generation_prompt_parsed: bool = True
     grammar_text: object = None
 
     def messages(self, msgs: list[dict], template=None) -> list[dict]:
@@ -46,7 +48,8 @@ class ChatOptions:
         fmt = self.syntax or co.Format()
         reasoning = self.reasoning and not prefill
         if fmt.autoparse is not None:
-            opened = autoparse.opened(prompt_text, *fmt.autoparse) if reasoning else ""
+            parsed = reasoning and self.generation_prompt_parsed
+            opened = autoparse.opened(prompt_text, *fmt.autoparse) if parsed else ""
             return functools.partial(co.ChatOutput, fmt, reasoning=reasoning, tools=self.fmt is not None,
                                      prefill=prefill, opened=opened)
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
@@ -92,6 +95,7 @@ def chat_options(req, cfg, template) -> ChatOptions:
     opts = ChatOptions(tools, kwargs, reasoning=reasoning_format != "none",
                        parallel=req.parallel_tool_calls and not isinstance(choice, dict))
     opts.syntax = co.detect(_template_source(template))(tools)
+    opts.generation_prompt_parsed = getattr(template, "generation_prompt_parsed", True)
     _reasoning_syntax(opts.syntax, template)
     if tools:
         opts.fmt = opts.syntax
