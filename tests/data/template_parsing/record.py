@@ -133,7 +133,11 @@ PREFILL = {
 }
 # the forced texts go to every template (each reasoning syntax, each family's parser)
 FORCED_TEMPLATES = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
-KINDS = ("forced", "calls", "parallel", "plain", "prefill")
+KINDS = ("forced", "calls", "parallel", "plain", "prefill", "nothink")
+# "nothink": the "required" calls request with thinking off, for the families that think by default
+NOTHINK = ["deepseek-ai-DeepSeek-V3.1", "GLM-4.7-Flash", "Kimi-K2-Thinking", "Cohere2MoE", "openbmb-MiniCPM5-1B",
+           "MiniMax-M2", "tencent-Hy3", "Apriel-1.6-15b-Thinker-fixed", "NVIDIA-Nemotron-Nano-v2", "Qwen-Qwen3-0.6B",
+           "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "inclusionai-ling-3.0-flash", "deepseek-ai-DeepSeek-V4"]
 
 
 def gbnf_literal(text: str) -> str:
@@ -177,6 +181,8 @@ def record_template(binary: str, model: str, template: str, max_tokens: int, kin
             req = CALLS[0]
             bodies.append(("prefill", {**req, "messages": req["messages"] + [
                 {"role": "assistant", "content": PREFILL[template]}]}))
+        if "nothink" in kinds and template in NOTHINK:
+            bodies.append(("nothink", {**CALLS[1], "chat_template_kwargs": {"enable_thinking": False}}))
         if "plain" in kinds:
             bodies.append(("plain", {"messages": [{"role": "user", "content": "Hello! Who are you?"}]}))
         for kind, req in bodies:
@@ -226,7 +232,8 @@ def main() -> int:
                        if not (r["template"] in (args.only or FORCED_TEMPLATES) and r["kind"] in args.kinds)]
     for name in args.only or FORCED_TEMPLATES:
         kinds = tuple(k for k in args.kinds
-                      if k == "forced" or name in CALL_TEMPLATES and (k != "prefill" or name in PREFILL))
+                      if k == "forced" or name in CALL_TEMPLATES and (k != "prefill" or name in PREFILL)
+                      and (k != "nothink" or name in NOTHINK))
         if not kinds:
             continue
         got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds, args.threads)
