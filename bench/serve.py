@@ -620,6 +620,7 @@ class Cell:
     walls: list = field(default_factory=list)
     round_tps: list = field(default_factory=list)
     peak_rss_mb: float = 0.0
+    load_avg: list = field(default_factory=list)     # the 1-minute load average after each round's run
 
 
 def cell_stats(r: list[Result], wall: float) -> dict:
@@ -655,6 +656,7 @@ def summarize(cell: Cell, max_tokens: int) -> dict:
         "full_length": bool(ok) and all(x.completion_tokens == max_tokens for x in ok),
         "output_tps": out_tok / wall if wall > 0 else 0.0,
         "output_tps_rounds": cell.round_tps,
+        "load_avg_1m": cell.load_avg,
         "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
         "prompt_tps": prompt_tok / sum(ttft) if ok and sum(ttft) > 0 else 0.0,
         "ttft_p50_ms": pct(ttft, 50) * ms,
@@ -915,6 +917,7 @@ def run(args) -> dict:
                         cell.peak_rss_mb = max(cell.peak_rss_mb, rss.peak)
                         st = cell_stats(res, wall)
                         cell.round_tps.append(st["output_tps"])
+                        cell.load_avg.append(round(os.getloadavg()[0], 2))
                         ok = [x for x in res if x.ok]
                         ttft = common.percentile([x.ttft for x in ok], 50) * 1000
                         err = [x.error for x in res if not x.ok]

@@ -31,7 +31,7 @@ CELL_FIELDS = {
     "wall_s", "output_tokens", "prompt_tokens", "cached_tokens", "full_length",
     "output_tps", "output_tps_rounds", "requests_per_s", "prompt_tps",
     "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_max_ms",
-    "e2e_p50_ms", "e2e_max_ms", "decode_tps_p50", "peak_rss_mb",
+    "e2e_p50_ms", "e2e_max_ms", "decode_tps_p50", "peak_rss_mb", "load_avg_1m",
 }
 
 
