@@ -109,6 +109,17 @@ def test_format_is_detected_from_the_template(template, name):
     assert fmt_of(template).name == name
 
 
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_weath\\er", "arguments": {"city": "Oslo"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weath\\er", "arguments": {"city": "Os',
+])
+def test_a_call_name_with_a_broken_escape_is_text_not_an_error(text):
+    """Streamed one piece at a time or whole, the broken call stays text (no 500)."""
+    out = co.ChatOutput(fmt_of("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use"))
+    streamed = "".join(out.feed(c).content for c in text) + out.finish().content
+    assert (streamed, out.calls) == (text, [])
+
+
 def test_template_without_tool_syntax_gets_the_generic_json_format():
     from ggserve.models.chat_template import CHATML
 

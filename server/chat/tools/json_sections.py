@@ -11,6 +11,14 @@ from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete
 
 
+def _string(body: str) -> str:
+    """A JSON string's text from its body (between the quotes)."""
+    try:
+        return json.loads(f'"{body}"')
+    except ValueError as e:
+        raise Malformed(str(e)) from None
+
+
 class JsonSection(Format):
     """llama.cpp 11434's autoparser reading JSON calls (common/chat-peg-parser.cpp,
     standard_json_tools): section_start, the calls as JSON objects (in a JSON array where
@@ -59,10 +67,10 @@ class JsonSection(Format):
         """(name, index where the arguments start) of a call object written from text[i] on."""
         if self.name_is_key:
             m = re.compile(r'\{\s*"((?:[^"\\]|\\.)*)"\s*:\s*').match(text, i)
-            return (json.loads(f'"{m.group(1)}"'), m.end()) if m else (None, -1)
+            return (_string(m.group(1)), m.end()) if m else (None, -1)
         name = re.compile(rf'"{re.escape(self.name_key)}"\s*:\s*"((?:[^"\\]|\\.)*)"').search(text, i)
         args = re.compile(rf'"{re.escape(self.args_key)}"\s*:\s*').search(text, i)
-        return (json.loads(f'"{name.group(1)}"') if name else None), (args.end() if args else -1)
+        return (_string(name.group(1)) if name else None), (args.end() if args else -1)
 
     def _call(self, text: str, i: int, partial: bool) -> tuple[Call, int]:
         i = skip_ws(text, i)
@@ -158,6 +166,13 @@ class GigaChat3(JsonSection):
     lenient_end = True
 
 
+def _string_or_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise Malformed(str(e)) from None
+
+
 class FunctionaryV32(Format):
     """Functionary v3.2 (llama.cpp's common/parsers/functionary-v3-2.cpp): the prompt ends with
     ">>>" and the model names the recipient: "all\\n" and the answer (up to the next ">>>"), or
@@ -179,7 +194,7 @@ class FunctionaryV32(Format):
                 if partial:
                     return "", calls + [Call(m.group(1), minify(text[m.end():]))]
                 raise Malformed("unterminated arguments")
-            json.loads(text[m.end():end])
+            _string_or_value(text[m.end():end])
             calls.append(Call(m.group(1), minify(text[m.end():end])))
             i = end
         if partial and re.fullmatch(r">{0,3}[\w.\-]*", text[i:]):

@@ -84,7 +84,10 @@ def json_call(text: str, i: int, partial: bool) -> tuple[Call, int]:
             raise Malformed("unterminated tool call")
         if not head:
             raise _Incomplete([Call(None)])
-        name = json.loads(f'"{head.group(1)}"')
+        try:
+            name = json.loads(f'"{head.group(1)}"')
+        except ValueError as e:      # a name with a broken escape: not a call
+            raise Malformed(str(e)) from None
         a_end = value_end(text, head.end())
         args = text[head.end():a_end] if a_end is not None else text[head.end():]
         raise _Incomplete([Call(name, minify(args))])
