@@ -3,7 +3,8 @@ streams keep decoding. On one engine (Gemma 4's mmproj: vision and audio encoder
 synth-audio text model), 4 text streams run beside 4 audio requests and, for comparison,
 beside 4 image requests, the media prompts built on a thread of their own while the streams
 decode, as the server's prompt thread builds them: every text and audio answer equals the
-one it gets alone, no step leaves a running text stream without a token.
+one it gets alone, no step leaves a running text stream without a token; the same for 4 clips
+on a Whisper-family file (Ultravox: one 3000-frame chunk each).
 
 What used to pause the streams beside audio was the prompt thread: the log-mel front end
 (hundreds of ms a clip, holding the GIL for tens of ms at a time) ran there, beside the
@@ -12,6 +13,7 @@ encoder's worker thread (models/audio/model.py ClipMel), which takes one CPU thr
 the text steps take the others; building an audio prompt costs the prompt thread less than
 an image prompt, and the text streams' longest pauses beside audio are as short as
 beside images (summed over runs that alternate A B B A, up to the machine's noise)."""
+import functools
 import hashlib
 import queue
 import threading
@@ -45,10 +47,10 @@ def builder(engine):
     return PromptBuilder.for_engine(engine)
 
 
-def _audio(builder, name):
+def _audio(builder, name, family="gemma4"):
     """The prompt the server builds for a golden clip: its bytes decoded, then laid out."""
     data = SA.clip_bytes(name)
-    prompt = builder.build(SA.case("gemma4", name)["apply_template_prompt"],
+    prompt = builder.build(SA.case(family, name)["apply_template_prompt"],
                            [(hashlib.sha256(data).hexdigest(), Clip(decode(data), 16000))])
     return prompt.tokens, prompt.images
 
@@ -134,6 +136,21 @@ def test_four_audio_requests_beside_four_text_streams(engine, builder):
     # clips and images pause the streams alike (each run's worst step beside them: 15-30 ms on a loaded
     # 2-core machine), so the bound leaves room for that noise and catches a stall of the old kind
     assert sum(runs["audio"]) <= 1.5 * sum(runs["images"])
+
+
+def test_four_whisper_family_clips_beside_four_text_streams():
+    # Ultravox: each clip one 3000-frame chunk under 30 s of padding, 375 rows, as llama.cpp cuts it
+    e = SA.engine("ultravox", n_parallel=8, n_batch=512, n_threads=1)
+    try:
+        builder = PromptBuilder.for_engine(e)
+        solo = {rid: _alone(e, rid, prompt, [], N_TEXT) for rid, prompt in _texts(e).items()}
+        for name in CLIPS:
+            solo[f"m-{name}"] = _alone(e, f"m-{name}", *_audio(builder, name, "ultravox"), N_MEDIA)
+        got, stalled, _ = _together(e, builder, functools.partial(_audio, family="ultravox"), CLIPS)
+    finally:
+        e.close()
+    assert got == solo
+    assert stalled == 0
 
 
 def test_an_audio_prompt_is_built_without_its_log_mel(builder):
