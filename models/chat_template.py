@@ -171,9 +171,14 @@ class ChatTemplate:
         self._ministral3 = self.family is not None and self.family.name == "ministral_3"
         # llama.cpp parses the output after its generation prompt, the difference between the
         # prompt with and without one: none where the template turns it on by default (RWKV)
+        self.generation_prompt_parsed = self.reasoning.supported and self._has_generation_prompt()
+
+    def _has_generation_prompt(self) -> bool:
         probe = [{"role": "user", "content": "U"}]
-        self.generation_prompt_parsed = self.reasoning.supported and self._render(probe, False, None, {}) != \
-            self._render(probe, True, None, {})
+        try:
+            return self._render(probe, False, None, {}) != self._render(probe, True, None, {})
+        except Exception:     # a template that cannot render the probe: as llama.cpp, parse after the prompt
+            return True
 
     @classmethod
     def from_metadata(cls, meta: dict, add_bos: bool = False) -> "ChatTemplate":
