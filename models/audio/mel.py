@@ -133,8 +133,8 @@ def _mel_dot(power: np.ndarray, filters: np.ndarray) -> np.ndarray:
                 s = s + power[:, k + j:k + j + 1] * w[:, j]
             total[:, rows] += s
         k += 4
-    for k in range(k, n_bins):
-        total += power[:, k:k + 1] * filters[:, k]
+    for tail in range(k, n_bins):
+        total += power[:, tail:tail + 1] * filters[:, tail]
     return total
 
 
