@@ -81,6 +81,28 @@ def gemma4(name, args):
     return f"<|tool_call>call:{name}{gemma4_value(args)}<tool_call|>"
 
 
+def lfm2(name, args):       # as LFM2.5's template writes a call: strings quoted, the rest as JSON
+    values = (f"'{v}'" if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in args.values())
+    return f"{name}(" + ", ".join(f"{k}={v}" for k, v in zip(args, values)) + ")"
+
+
+def seed_oss(name, args):
+    params = "".join(f"<parameter={k}>{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</parameter>\n"
+                     for k, v in args.items())
+    return f"<seed:tool_call>\n<function={name}>\n{params}</function>\n</seed:tool_call>"
+
+
+def command_r7b(name, args):
+    return json.dumps({"tool_call_id": "0", "tool_name": name, "parameters": args}, ensure_ascii=False)
+
+
+def dsml(name, args):
+    params = "".join(f'<｜DSML｜parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
+                     f'{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</｜DSML｜parameter>\n'
+                     for k, v in args.items())
+    return f'<｜DSML｜invoke name="{name}">\n{params}</｜DSML｜invoke>'
+
+
 FAMILIES = {
     "hermes": ("Qwen-Qwen2.5-7B-Instruct", hermes, "\n", "{}"),
     "qwen3": ("Qwen-Qwen3-0.6B", hermes, "\n", "{}"),
@@ -93,7 +115,15 @@ FAMILIES = {
     "kimi_k2": ("moonshotai-Kimi-K2", kimi, "",
                 "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"),
     "gemma4": ("google-gemma-4-31B-it", gemma4, "", "{}"),
+    "lfm2": ("LFM2.5-8B-A1B", lfm2, ", ", "<|tool_call_start|>[{}]<|tool_call_end|>"),
+    "seed_oss": ("ByteDance-Seed-OSS", seed_oss, "", "{}"),
+    "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", command_r7b, ", ",
+                    "<|START_ACTION|>[{}]<|END_ACTION|>"),
+    "deepseek_v3_2": ("deepseek-ai-DeepSeek-V3.2", dsml, "\n",
+                      "<｜DSML｜function_calls>\n{}\n</｜DSML｜function_calls>"),
 }
+# the families whose parser reads text after the calls as content (llama.cpp's others refuse it)
+TEXT_AROUND = [f for f in FAMILIES if f not in ("llama3", "gemma4", "lfm2", "command_r7b", "deepseek_v3_2")]
 
 
 @pytest.mark.parametrize("template,name", [
@@ -103,7 +133,14 @@ FAMILIES = {
     ("mistralai-Mistral-Nemo-Instruct-2407", "mistral_nemo"), ("openai-gpt-oss-120b", "gpt_oss"),
     ("deepseek-ai-DeepSeek-V3.1", "deepseek_v3_1"), ("moonshotai-Kimi-K2", "kimi_k2"),
     ("GLM-4.6", "glm"), ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek_r1"),
-    ("google-gemma-4-31B-it", "gemma4"),
+    ("google-gemma-4-31B-it", "gemma4"), ("ByteDance-Seed-OSS", "seed_oss"), ("LFM2-8B-A1B", "lfm2"),
+    ("LFM2.5-Instruct", "lfm2"), ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", "command_r7b"),
+    ("deepseek-ai-DeepSeek-V3.2", "deepseek_v3_2"), ("deepseek-ai-DeepSeek-V4", "deepseek_v4"),
+    ("NVIDIA-Nemotron-Nano-v2", "nemotron_v2"), ("Kimi-K3", "kimi_k3"), ("MiniMax-M2", "minimax_m2"),
+    ("MiniMax-M3", "minimax_m3"), ("inclusionai-ling-3.0-flash", "ling3"), ("tencent-Hy3", "hy3"),
+    ("llm-jp-llm-jp-4.1-8b-thinking", "llm_jp_harmony"), ("muse-glimmer", "muse_glimmer"),
+    ("meetkai-functionary-medium-v3.2", "functionary_v3_2"), ("meetkai-functionary-medium-v3.1", "functionary_v3_1"),
+    ("GigaChat3-10B-A1.8B", "gigachat_3"), ("Cohere2MoE", "cohere2moe"), ("openbmb-MiniCPM5-1B", "minicpm5"),
 ])
 def test_format_is_detected_from_the_template(template, name):
     assert fmt_of(template).name == name
@@ -148,7 +185,7 @@ def test_parallel_calls(family):
     assert parsed_calls(p) == [call("get_weather", {"city": "Paris"}), call("get_time", {"city": "Oslo"})]
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("llama3", "gemma4")])
+@pytest.mark.parametrize("family", TEXT_AROUND)
 def test_text_before_and_after_the_calls_is_content(family):
     template, write, _, wrap = FAMILIES[family]
     text = "Let me look that up.\n\n" + wrap.format(write("get_weather", {"city": "Paris"})) + "\nDone."
