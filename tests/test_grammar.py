@@ -81,6 +81,10 @@ def test_json_schema_walk_gives_valid_json(smollm2):
     (None, "CohereForAI-c4ai-command-r7b-12-2024-tool_use"),
     (None, "Apertus-8B-Instruct"),
     (None, "NVIDIA-Nemotron-Nano-v2"),
+    (None, "MiniMax-M2"),
+    (None, "MiniMax-M3"),
+    (None, "tencent-Hy3"),
+    (None, "openbmb-MiniCPM5-1B"),
 ])
 def test_forced_tool_call_parses_as_the_named_call(smollm2, model, template):
     """Whatever the model picks within the mask, the parser reads the named tool's call."""
@@ -172,6 +176,14 @@ NAMED_PARAM_CALLS = {
                       "</tool_call>"),
     "google-gemma-4-31B-it": ("synth-gemma4-q8_0.gguf", '<|tool_call>call:get_weather{city:<|"|>Paris, 東京<|"|>}'
                                                         "<tool_call|>"),
+    "MiniMax-M2": (None, '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris, 東京'
+                         '</parameter>\n</invoke>\n</minimax:tool_call>'),
+    "openbmb-MiniCPM5-1B": (None, '<function name="get_weather"><param name="city">Paris, 東京</param></function>'),
+    "tencent-Hy3": (None, "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>"
+                          "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris, 東京"
+                          "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"),
+    "MiniMax-M3": (None, ']<]minimax[>[<tool_call>]<]minimax[>[<invoke name="get_weather">]<]minimax[>[<city>'
+                         "Paris, 東京]<]minimax[>[</city>]<]minimax[>[</invoke>]<]minimax[>[</tool_call>"),
 }
 
 

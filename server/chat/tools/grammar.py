@@ -34,6 +34,8 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
         return _named_params_lark(lit, fmt, names, parallel)
     if isinstance(fmt, co.JsonSection):
         return _json_section_lark(lit, fmt, names, parallel)
+    if isinstance(fmt, co.TaggedCalls):
+        return _tagged_lark(lit, fmt, names, parallel)
     if isinstance(fmt, co.Hermes):
         anyof = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
         rules.append(f"call: {lit('<tool_call>')} \"\\n\" {_json(anyof)} \"\\n\" {lit('</tool_call>')}")
@@ -99,6 +101,45 @@ def _json_section_lark(lit, fmt, names: list[str], parallel: bool) -> str:
     if fmt.array:
         body = f'"[" {body} "]"'
     return f"start: {lit(fmt.section_start)} {body}" + (f" {lit(fmt.section_end)}" if fmt.section_end else "")
+
+
+def _seq(lit, *pieces: str) -> str:
+    """Lark for text made of markers and plain text: each piece a literal (a control token where it is one)."""
+    return " ".join(lit(p) for p in pieces if p)
+
+
+def _until_regex(close: str) -> str:
+    """A lazy Lark regex for any text up to and including `close`."""
+    body = "".join("\\n" if c == "\n" else "\\" + c if c in "/\\.^$*+?{}[]()|" else c for c in close)
+    return f"/(.|\\n)*{body}/"
+
+
+def _tagged_lark(lit, fmt, names: list[str], parallel: bool) -> str:
+    """Tagged calls with tagged arguments (server/chat/tools/tagged.py): each call's name between
+    its markers, the required arguments in schema order then any optional ones, a text value
+    up to its closer, other values as JSON."""
+    rules, alts = [], []
+    for t, n in enumerate(names):
+        required, optional = _params(fmt.schemas[n])
+        parts = []
+        for j, (key, schema) in enumerate(required + optional):
+            rule = f"p{t}_{j}"
+            close = fmt.value_suffix + (key + ">" if fmt.value_close_named else "")
+            head = _seq(lit, fmt.key_prefix, key, fmt.key_suffix, fmt.value_prefix)
+            if _is_text(schema) and lit(close.strip()).startswith("<["):
+                rules += [f"{rule}: {head} {rule}_text {lit(close.strip())}", f"{rule}_text: /(.|\\n)*/"]
+            elif _is_text(schema):
+                rules += [f"{rule}: {head} {rule}_text", f"{rule}_text[lazy]: {_until_regex(close)}"]
+            else:
+                rules.append(f"{rule}: {head} %json {json.dumps(closed_objects(schema) or {})} {_seq(lit, close)}")
+            parts.append(rule)
+        req = " ".join(parts[:len(required)])
+        opt = f" ({' | '.join(parts[len(required):])})*" if optional else ""
+        alts.append(f"{_seq(lit, fmt.per_call_start, fmt.name_prefix, n, fmt.name_suffix, fmt.args_sep)} {req}{opt} "
+                    f"{_seq(lit, fmt.func_close, fmt.per_call_end)}")
+    call = "(" + " | ".join(f"({a})" for a in alts) + ")"
+    body = f"{call}+" if parallel else call
+    return "\n".join([f"start: {_seq(lit, fmt.section_start)} {body} {_seq(lit, fmt.section_end)}"] + rules)
 
 
 # -- syntaxes that write each parameter by name --------------------------------------
