@@ -85,6 +85,9 @@ def test_json_schema_walk_gives_valid_json(smollm2):
     (None, "MiniMax-M3"),
     (None, "tencent-Hy3"),
     (None, "openbmb-MiniCPM5-1B"),
+    (None, "deepseek-ai-DeepSeek-V3.2"),
+    (None, "deepseek-ai-DeepSeek-V4"),
+    (None, "LFM2.5-Instruct"),
 ])
 def test_forced_tool_call_parses_as_the_named_call(smollm2, model, template):
     """Whatever the model picks within the mask, the parser reads the named tool's call."""
@@ -184,6 +187,10 @@ NAMED_PARAM_CALLS = {
                           "</arg_value:opensource>\n</tool_call:opensource>\n</tool_calls:opensource>"),
     "MiniMax-M3": (None, ']<]minimax[>[<tool_call>]<]minimax[>[<invoke name="get_weather">]<]minimax[>[<city>'
                          "Paris, 東京]<]minimax[>[</city>]<]minimax[>[</invoke>]<]minimax[>[</tool_call>"),
+    "deepseek-ai-DeepSeek-V3.2": (None, '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+                                        '<｜DSML｜parameter name="city" string="true">Paris, 東京</｜DSML｜parameter>\n'
+                                        "</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
+    "LFM2.5-Instruct": (None, "<|tool_call_start|>[get_weather(city='Paris, 東京')]<|tool_call_end|>"),
 }
 
 

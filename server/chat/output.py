@@ -33,14 +33,15 @@ from ggserve.server.chat.tools.gemma4 import Gemma4
 from ggserve.server.chat.tools.json_sections import JsonSection
 from ggserve.server.chat.tools.kimi_k3 import KimiK3
 from ggserve.server.chat.tools.muse import MuseGlimmer
+from ggserve.server.chat.tools.pythonic import Lfm2
 from ggserve.server.chat.tools.syntax import _ID_CHARS, Format, Parsed, held
 from ggserve.server.chat.tools.tagged import TaggedCalls
-from ggserve.server.chat.tools.xml import Glm45, Harmony, Qwen3Coder
+from ggserve.server.chat.tools.xml import DeepSeekDsml, Glm45, Harmony, Qwen3Coder
 
 # the formats are chosen and named through this module (grammar.py, chat_options.py)
 __all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "JsonSection",
-           "KimiK2", "Llama3", "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "TaggedCalls", "detect",
-           "new_call_id", "parse", "shown_tokens", "split_reasoning"]
+           "KimiK2", "Lfm2", "Llama3", "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "TaggedCalls",
+           "DeepSeekDsml", "detect", "new_call_id", "parse", "shown_tokens", "split_reasoning"]
 
 
 

@@ -36,6 +36,10 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
         return _json_section_lark(lit, fmt, names, parallel)
     if isinstance(fmt, co.TaggedCalls):
         return _tagged_lark(lit, fmt, names, parallel)
+    if isinstance(fmt, co.DeepSeekDsml):
+        return _dsml_lark(lit, fmt, names, parallel)
+    if isinstance(fmt, co.Lfm2):
+        return _lfm2_lark(lit, fmt, names, parallel)
     if isinstance(fmt, co.Hermes):
         anyof = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
         rules.append(f"call: {lit('<tool_call>')} \"\\n\" {_json(anyof)} \"\\n\" {lit('</tool_call>')}")
@@ -140,6 +144,65 @@ def _tagged_lark(lit, fmt, names: list[str], parallel: bool) -> str:
     call = "(" + " | ".join(f"({a})" for a in alts) + ")"
     body = f"{call}+" if parallel else call
     return "\n".join([f"start: {_seq(lit, fmt.section_start)} {body} {_seq(lit, fmt.section_end)}"] + rules)
+
+
+def _args_rules(fmt, t: int, n: str, param) -> tuple[list[str], str]:
+    """Rules for tool n's arguments (param(key, schema, rule) -> its rule's body): the required
+    ones in schema order, then any optional ones; -> (rules, the sequence)."""
+    required, optional = _params(fmt.schemas[n])
+    rules, parts = [], []
+    for j, (key, schema) in enumerate(required + optional):
+        rule = f"p{t}_{j}"
+        rules.append(f"{rule}: {param(key, schema, rule)}")
+        parts.append(rule)
+    return rules, " ".join(parts[:len(required)]) + (f" ({' | '.join(parts[len(required):])})*" if optional else "")
+
+
+def _dsml_lark(lit, fmt, names: list[str], parallel: bool) -> str:
+    """DeepSeek V3.2 / V4: <｜DSML｜function_calls> (tool_calls), one invoke per call, each argument
+    with its string="true|false" attribute (a text value up to its closer, others as JSON)."""
+    def dsml(*pieces):   # ｜DSML｜ is a control token in DeepSeek's vocabulary
+        return " ".join(lit(p) if p == "｜DSML｜" else json.dumps(p) for p in pieces)
+
+    def param(key, schema, rule):
+        head = dsml("<", "｜DSML｜", f'parameter name="{key}" string="{str(_is_text(schema)).lower()}">')
+        close = dsml("</", "｜DSML｜", "parameter>") + ' "\\n"'
+        if _is_text(schema):
+            return f"{head} /[^<]*/ {close}"
+        return f"{head} %json {json.dumps(closed_objects(schema) or {})} {close}"
+    rules, alts = [], []
+    for t, n in enumerate(names):
+        more, args = _args_rules(fmt, t, n, param)
+        rules += more
+        head = dsml("<", "｜DSML｜", 'invoke name="' + n + '">')
+        alts.append(f'{head} "\\n" {args} {dsml("</", "｜DSML｜", "invoke>")} "\\n"')
+    call = "(" + " | ".join(f"({a})" for a in alts) + ")"
+    body = f"{call}+" if parallel else call
+    return "\n".join([f'start: {dsml("<", "｜DSML｜", fmt.block_name + ">")} "\\n" {body} '
+                       f'{dsml("</", "｜DSML｜", fmt.block_name + ">")}'] + rules)
+
+
+def _lfm2_lark(lit, fmt, names: list[str], parallel: bool) -> str:
+    """LFM2: [NAME(key=VALUE, ...), ...] between its markers, a string argument quoted, others as JSON."""
+    def param(key, schema, rule):
+        value = "/'[^']*'/" if _is_text(schema) else f"%json {json.dumps(closed_objects(schema) or {})}"
+        return f'"{key}=" {value}'
+    rules, alts = [], []
+    for t, n in enumerate(names):
+        required, optional = _params(fmt.schemas[n])
+        more, _ = _args_rules(fmt, t, n, param)
+        rules += more
+        parts = [f"p{t}_{j}" for j in range(len(required) + len(optional))]
+        req = ' ", " '.join(parts[:len(required)])
+        opt = parts[len(required):]
+        if opt and req:
+            req += f' (", " ({" | ".join(opt)}))*'
+        elif opt:
+            req = f'(({" | ".join(opt)}) (", " ({" | ".join(opt)}))*)?'
+        alts.append(f'"{n}(" {req} ")"')
+    call = "(" + " | ".join(f"({a})" for a in alts) + ")"
+    body = f'{call} (", " {call})*' if parallel else call
+    return "\n".join([f'start: {lit("<|tool_call_start|>")} "[" {body} "]" {lit("<|tool_call_end|>")}'] + rules)
 
 
 # -- syntaxes that write each parameter by name --------------------------------------
