@@ -88,6 +88,11 @@ def test_json_schema_walk_gives_valid_json(smollm2):
     (None, "deepseek-ai-DeepSeek-V3.2"),
     (None, "deepseek-ai-DeepSeek-V4"),
     (None, "LFM2.5-Instruct"),
+    (None, "meetkai-functionary-medium-v3.1"),
+    (None, "inclusionai-ling-3.0-flash"),
+    (None, "Cohere2MoE"),
+    (None, "GigaChat3-10B-A1.8B"),
+    (None, "llm-jp-llm-jp-4.1-8b-thinking"),
 ])
 def test_forced_tool_call_parses_as_the_named_call(smollm2, model, template):
     """Whatever the model picks within the mask, the parser reads the named tool's call."""
