@@ -93,6 +93,7 @@ def test_json_schema_walk_gives_valid_json(smollm2):
     (None, "Cohere2MoE"),
     (None, "GigaChat3-10B-A1.8B"),
     (None, "llm-jp-llm-jp-4.1-8b-thinking"),
+    (None, "meetkai-functionary-medium-v3.2"),
 ])
 def test_forced_tool_call_parses_as_the_named_call(smollm2, model, template):
     """Whatever the model picks within the mask, the parser reads the named tool's call."""

@@ -30,7 +30,7 @@ from ggserve.server.chat.tools.formats import (  # noqa: F401
     detect,
 )
 from ggserve.server.chat.tools.gemma4 import Gemma4
-from ggserve.server.chat.tools.json_sections import JsonSection
+from ggserve.server.chat.tools.json_sections import FunctionaryV32, JsonSection
 from ggserve.server.chat.tools.kimi_k3 import KimiK3
 from ggserve.server.chat.tools.muse import MuseGlimmer
 from ggserve.server.chat.tools.pythonic import Lfm2
@@ -39,9 +39,9 @@ from ggserve.server.chat.tools.tagged import TaggedCalls
 from ggserve.server.chat.tools.xml import DeepSeekDsml, Glm45, Harmony, Qwen3Coder
 
 # the formats are chosen and named through this module (grammar.py, chat_options.py)
-__all__ = ["ChatOutput", "DeepSeekR1", "Format", "Gemma4", "Generic", "Glm45", "Harmony", "Hermes", "JsonSection",
-           "KimiK2", "Lfm2", "Llama3", "MistralNemo", "Parsed", "Qwen3Coder", "ShowingDecoder", "TaggedCalls",
-           "DeepSeekDsml", "detect", "new_call_id", "parse", "shown_tokens", "split_reasoning"]
+__all__ = ["ChatOutput", "DeepSeekDsml", "DeepSeekR1", "Format", "FunctionaryV32", "Gemma4", "Generic", "Glm45",
+           "Harmony", "Hermes", "JsonSection", "KimiK2", "Lfm2", "Llama3", "MistralNemo", "Parsed", "Qwen3Coder",
+           "ShowingDecoder", "TaggedCalls", "detect", "new_call_id", "parse", "shown_tokens", "split_reasoning"]
 
 
 

@@ -40,6 +40,10 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
         return _dsml_lark(lit, fmt, names, parallel)
     if isinstance(fmt, co.Lfm2):
         return _lfm2_lark(lit, fmt, names, parallel)
+    if isinstance(fmt, co.FunctionaryV32):     # the prompt ends with ">>>": the recipient, then its JSON
+        alts = [f'"{n}\\n" {_json(closed_objects(schemas[n]) or {"type": "object"})}' for n in names]
+        call = "(" + " | ".join(f"({a})" for a in alts) + ")"
+        return f'start: {call} (">>>" {call})*' if parallel else f"start: {call}"
     if isinstance(fmt, co.Hermes):
         anyof = {"anyOf": [_call_schema(fmt, n, schemas[n]) for n in names]}
         rules.append(f"call: {lit('<tool_call>')} \"\\n\" {_json(anyof)} \"\\n\" {lit('</tool_call>')}")
