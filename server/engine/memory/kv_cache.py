@@ -255,17 +255,21 @@ class KVCache:
         dst_cells = np.arange(r0, r0 + p1)
         if r0 + p1 > self.size or self.seqs[dst_cells].any():
             return False
+        self.copy_rows(backend, src_cells, dst_cells)
+        self.commit(dst_cells, np.full(p1, dst), self.positions_of(src_cells), self.span[src_cells].copy())
+        return True
+
+    def copy_rows(self, backend, src_cells: np.ndarray, dst_cells: np.ndarray) -> None:
+        """Every layer's K/V rows of src_cells into dst_cells (read before any is written)."""
         g = backend.graph()
         try:
-            t_src = g.input("copy_src", ggml.I32, (p1,))
-            t_dst = g.input("copy_dst", ggml.I64, (p1,))
+            t_src = g.input("copy_src", ggml.I32, (len(src_cells),))
+            t_dst = g.input("copy_dst", ggml.I64, (len(dst_cells),))
             for cache in (t for t in (*self.k, *self.v) if t is not None):
                 g.expand(g.set_rows(cache, g.get_rows(cache, t_src), t_dst))
             backend.compute(g, {t_src: src_cells.astype(np.int32), t_dst: dst_cells.astype(np.int64)})
         finally:
             g.close()
-        self.commit(dst_cells, np.full(p1, dst), self.positions_of(src_cells), self.span[src_cells].copy())
-        return True
 
     def clear(self) -> None:
         self._refill.clear()

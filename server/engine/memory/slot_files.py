@@ -9,7 +9,10 @@ memory snapshot (server/engine/memory/snapshot.py) on disk, in a format of our o
                 "cache_salt": the slot's salt, only when it has one (Snapshot.salt)}
     body       tokens int32[n], positions int32[n_pos, n], span ids int64[n],
                then per attention layer its K rows, then its V rows (n rows each),
-               then per state position (recurrent layers) one row per state tensor
+               then per state position (recurrent layers) one row per state tensor,
+               then with a sliding-window ring ("ring_cells": m in the header) its
+               cells in ring order: positions int32[m], span ids int64[m], per ring
+               layer its K rows, then its V rows (m rows each)
 
 A file is read back only when every part checks out against the running model: the
 magic and version, the fingerprint (architecture, tensor names/types/shapes, file
@@ -29,12 +32,13 @@ import struct
 
 import numpy as np
 
-from ggserve.server.engine.memory.snapshot import Snapshot
+from ggserve.server.engine.memory.snapshot import RingRows, Snapshot
 from ggserve.server.request_errors import RequestError
 
 MAGIC = b"GGSVSLOT"
 FORMAT_VERSION = 1
 MAX_HEADER = 1 << 16
+MAX_RING_CELLS = 1 << 24      # more than any ring holds (a ring restored into one too small: no room)
 MAX_STATES = 16               # state positions per file (a slot keeps its live state and a few saved)
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _SAMPLES = 16                 # weight bytes sampled for the fingerprint: 16 x 4 KiB
@@ -77,6 +81,9 @@ def _body(snap: Snapshot) -> list:
             parts += [k, v]
     for p in sorted(snap.states or {}):
         parts += snap.states[p]
+    if snap.ring is not None:
+        parts += [snap.ring.positions.astype("<i4").tobytes(), snap.ring.spans.astype("<i8").tobytes()]
+        parts += [b for k, v in zip(snap.ring.k, snap.ring.v) if k is not None for b in (k, v)]
     return parts
 
 
@@ -89,7 +96,8 @@ def save(path: str, snap: Snapshot, model: str, layout: dict) -> int:
         digest.update(p)
     header = json.dumps({"model": model, "layout": layout, "n_tokens": snap.n,
                          "states": sorted(snap.states or {}), "body_sha256": digest.hexdigest(),
-                         **({"cache_salt": snap.salt} if snap.salt else {})}).encode()
+                         **({"cache_salt": snap.salt} if snap.salt else {}),
+                         **({"ring_cells": len(snap.ring.positions)} if snap.ring is not None else {})}).encode()
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -142,7 +150,8 @@ def load(path: str, model: str, layout: dict, max_tokens: int) -> Snapshot:
         if not isinstance(salt, str):
             raise SlotFileError("the slot file's cache_salt is not a string")
         points = _state_points(header.get("states"), n, bool(layout["recurrent"]))
-        sizes = _sizes(layout, n, len(points))
+        m = _ring_cells(header.get("ring_cells"), "ring" in layout)
+        sizes = _sizes(layout, n, len(points), m)
         if size != 16 + n_header + sum(sizes):
             raise SlotFileError(f"the slot file is {size} bytes; its header says "
                                 f"{16 + n_header + sum(sizes)} (truncated or padded)")
@@ -168,7 +177,30 @@ def load(path: str, model: str, layout: dict, max_tokens: int) -> Snapshot:
     per_point = len(layout["recurrent"])
     states = {p: parts[i + j * per_point:i + (j + 1) * per_point] for j, p in enumerate(points)} \
         if layout["recurrent"] else None
-    return Snapshot(tokens, positions, spans, k, v, states, salt)
+    return Snapshot(tokens, positions, spans, k, v, states, salt,
+                    _ring(layout, parts[i + len(points) * per_point:], m) if m else None)
+
+
+def _ring(layout: dict, parts: list, m: int) -> RingRows:
+    """The ring's part of a body (parts from its positions on)."""
+    k, v, i = [], [], 2
+    for rows in layout["ring"]:
+        k.append(None if rows is None else parts[i])
+        v.append(None if rows is None else parts[i + 1])
+        i += 0 if rows is None else 2
+    return RingRows(np.frombuffer(parts[0], dtype="<i4").astype(np.int32),
+                    np.frombuffer(parts[1], dtype="<i8").astype(np.int64), k, v, layout["ring_window"])
+
+
+def _ring_cells(m, ring: bool) -> int:
+    """The header's ring cell count, checked: with a ring, 1 or more; 0 (absent) without."""
+    if not ring:
+        if m is not None:
+            raise SlotFileError("the slot file holds sliding-window ring cells; this server keeps no ring")
+        return 0
+    if not isinstance(m, int) or isinstance(m, bool) or not 0 < m <= MAX_RING_CELLS:
+        raise SlotFileError(f"the slot file's ring cell count {m!r} is not in 1..{MAX_RING_CELLS}")
+    return m
 
 
 def _state_points(points, n: int, recurrent: bool) -> list:
@@ -194,10 +226,14 @@ def _header(raw: bytes, n_header: int) -> dict:
     return header
 
 
-def _sizes(layout: dict, n: int, n_states: int) -> list:
-    """Byte sizes of the body's parts for n tokens and n_states state positions."""
+def _sizes(layout: dict, n: int, n_states: int, m: int = 0) -> list:
+    """Byte sizes of the body's parts for n tokens, n_states state positions and m ring cells."""
     sizes = [4 * n, 4 * layout["n_pos"] * n, 8 * n]
     for rows in layout["rows"]:
         if rows is not None:
             sizes += [rows[0] * n, rows[1] * n]
-    return sizes + list(layout["recurrent"]) * n_states
+    sizes += list(layout["recurrent"]) * n_states
+    if m:
+        sizes += [4 * m, 8 * m]
+        sizes += [b * m for rows in layout["ring"] if rows is not None for b in rows]
+    return sizes

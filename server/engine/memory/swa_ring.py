@@ -106,6 +106,27 @@ class SwaRing(KVCache):
         super().clear()
         self.head[:] = 0
 
+    def restore(self, seq: int, positions: np.ndarray, spans: np.ndarray) -> np.ndarray:
+        """seq (holding no cells) takes cells for saved ones, given in the order the saved
+        cells lay in the ring: llama.cpp's state_read places them with one find_slot from
+        the head, so a ring saved whole comes back in the cells it was computed in."""
+        self.begin_step()
+        return self.place(seq, positions, spans)
+
+    def copy_prefix(self, backend, src: int, dst: int, p1: int) -> bool:
+        """dst (holding no cells) gets its own copy of src's cells with pos < p1, placed as
+        restore places them; False (nothing done) with one ring every sequence shares,
+        where placing dst's cells could take src's that the copy reads."""
+        if self.n_regions == 1:
+            return False
+        cells = self._cells_of(src)
+        cells = cells[self.pos[cells] < p1]
+        if not len(cells):
+            return False
+        src_pos, src_span = self.pos[cells].copy(), self.span[cells].copy()
+        self.copy_rows(backend, cells, self.restore(dst, src_pos, src_span))
+        return True
+
     def holds_window(self, seq: int, n: int) -> bool:
         """Can seq keep its first n tokens here: are the positions the window shows the
         next token (n - window .. n - 1) still in the ring? (llama-server's pos_min check)"""
