@@ -295,6 +295,13 @@ SPLIT_CASES = {
                + gemma4("get_time", {"city": "Oslo", "days": -2.5e3})),
     "harmony": ("openai-gpt-oss-120b", "<|channel|>analysis<|message|>Think.<|end|>"
                 + harmony("get_weather", NESTED).removesuffix("<|call|>")),
+    "lfm2": ("LFM2.5-8B-A1B", "Sure. <|tool_call_start|>[" + lfm2("get_weather", NESTED) + ", "
+             + lfm2("get_time", {"city": "O'slo", "days": 3}).replace("'O'slo'", "\"O'slo\"") + "]<|tool_call_end|>"),
+    "seed_oss": ("ByteDance-Seed-OSS", "<seed:think>x</seed:think>" + seed_oss("get_weather", NESTED)),
+    "command_r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+                    "<|START_ACTION|>[" + command_r7b("get_weather", NESTED) + "]<|END_ACTION|>"),
+    "deepseek_v3_2": ("deepseek-ai-DeepSeek-V3.2", "Hi\n\n<｜DSML｜function_calls>\n" + dsml("get_weather", NESTED)
+                      + "\n</｜DSML｜function_calls>"),
 }
 
 

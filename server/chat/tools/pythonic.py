@@ -132,7 +132,7 @@ class Lfm2(Format):
                 if not partial:
                     raise Malformed("unterminated argument")
                 raw = text[m.end():]
-                tail = _cut_string(raw) if raw[:1] in "\"'" else ""
+                tail = _cut_string(raw) if raw[:1] and raw[:1] in "\"'" else ""
                 raise _Incomplete([Call(name, "{" + ",".join(parts + [key + tail]))])
             parts.append(key + _dumps(_to_json(text[m.end():end])))
             i = end
