@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import json
 import pathlib
+import re
 import sys
 
 import httpx
@@ -44,6 +45,11 @@ def model_file(tmp_path_factory) -> str:
         assert hashlib.sha256(f.read()).hexdigest() == GOLDEN["model_sha256"], \
             "make_model.py no longer writes the file golden.json was made on: remake the golden (README.md)"
     return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_file) -> Tokenizer:
+    return Tokenizer.from_gguf(model_file)
 
 
 def _engine(path: str, **kw) -> Engine:
@@ -97,12 +103,27 @@ def test_a_missing_expert_tensor_names_the_file_and_the_tensor(model_file):
         model_class("granitemoe")(f.metadata, tensors, model_file)
 
 
+def test_kv_cache_holds_what_llama_cpp_reports(model_file):
+    # "llama_kv_cache: size = 2.00 MiB (4096 cells, 4 layers, 1/1 seqs), K (f16): 1.00 MiB, V (f16): 1.00 MiB"
+    m = re.search(r"size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers.*K \(f16\): +([\d.]+) MiB, V \(f16\): +([\d.]+) MiB",
+                  GOLDEN["kv_cache_log"][0])
+    mib, cells, n_layers, k_mib, v_mib = float(m[1]), int(m[2]), int(m[3]), float(m[4]), float(m[5])
+    e = _engine(model_file, n_ctx=4096, n_parallel=1)                # as llama-server ran it
+    try:
+        kv = e.memory.kv
+        assert (kv.size, sum(t is not None for t in kv.k), sum(t is not None for t in kv.v)) == (cells, n_layers, n_layers)
+        k = sum(t.nbytes for t in kv.k if t is not None) / 2**20
+        v = sum(t.nbytes for t in kv.v if t is not None) / 2**20
+        assert (round(k, 2), round(v, 2), round(k + v, 2)) == (k_mib, v_mib, mib)
+    finally:
+        e.close()
+
+
 @pytest.mark.parametrize("entry", GOLDEN["tokenize"], ids=lambda e: e["key"])
-def test_tokenization_equals_llama_servers(model_file, entry):
-    tok = Tokenizer.from_gguf(model_file)
+def test_tokenization_equals_llama_servers(tokenizer, entry):
     for name, expected in entry["variants"].items():
         add_special, parse_special = TOKENIZE_VARIANTS[name]
-        assert tok.encode(entry["text"], add_special=add_special, parse_special=parse_special) == expected["ids"], name
+        assert tokenizer.encode(entry["text"], add_special=add_special, parse_special=parse_special) == expected["ids"], name
 
 
 @pytest.mark.parametrize("case", GOLDEN["completions"], ids=lambda c: c["key"])

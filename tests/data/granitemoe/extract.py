@@ -45,12 +45,14 @@ def main(out_dir: str) -> None:
     comp = json.loads((out / "synth_completions.json").read_text(encoding="utf-8"))
     chat = json.loads((out / "synth_chat.json").read_text(encoding="utf-8"))
     tok = json.loads((out / "synth_tokenize.json").read_text(encoding="utf-8"))
+    loads = json.loads((out / "load_summary.json").read_text(encoding="utf-8"))
     model = comp["model_files"][ARCH]
     golden = {
         "llama_cpp_build": comp["llama_cpp_build"], "server_common_args": comp["server_common_args"],
         "model_file": model["file"], "model_sha256": model["sha256"], "template": model["template"],
         "date": _date_of(next(c["prompt"] for c in chat["models"][ARCH] if "Today's Date: " in c["prompt"])),
         "near_tie_stats": comp["near_tie_stats"][ARCH],
+        "kv_cache_log": [line for line in loads[ARCH] if "llama_kv_cache: size" in line],
         "completion_request": comp["request_defaults"],
         "completions": [_completion(c) for c in comp["models"][ARCH]],
         "chats": [_chat(c) for c in chat["models"][ARCH]],
