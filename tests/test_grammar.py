@@ -8,9 +8,13 @@ import os
 import numpy as np
 import pytest
 
+from ggserve.models.chat_template import ChatTemplate
 from ggserve.models.tokenizer.tokenizer import Tokenizer
+from ggserve.server.api import schemas as S
+from ggserve.server.app import ServerConfig
 from ggserve.server.chat import output as co
 from ggserve.server.chat.grammar import GrammarError, Grammars
+from ggserve.server.chat.options import chat_options, compile_grammar
 from ggserve.server.chat.tools.grammar import tool_call_lark
 from ggserve.server.engine.sampling.sampler import SamplingParams, SequenceSampler, sample_batch
 
@@ -221,3 +225,31 @@ def test_forced_call_with_named_parameters_takes_the_templates_own_call(smollm2,
     assert not _accepts(tok, only_add, text)
     no_city = text.replace("city", "town")
     assert not _accepts(tok, weather, no_city)
+
+
+@pytest.mark.parametrize("template,call_text", [
+    ("MiniMax-M2", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris, 東京'
+                   '</parameter>\n</invoke>\n</minimax:tool_call>'),
+    ("Qwen3.5-4B", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, 東京\n</parameter>\n"
+                   "</function>\n</tool_call>"),
+])
+def test_forced_call_comes_after_reasoning_the_prompt_opened(smollm2, template, call_text):
+    """The prompt opens <think> (thinking on): as llama-server's grammar, the model reasons first,
+    and the call after </think> is parsed as a call, not as reasoning."""
+    tok, g = smollm2
+    tmpl = ChatTemplate(open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8").read())
+    req = S.ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "Weather?"}],
+                                                  "tools": TOOLS, "tool_choice": "required"})
+    opts = chat_options(req, ServerConfig(model="m"), tmpl)
+    prompt = tmpl.render([{"role": "user", "content": "Weather?"}], tools=TOOLS, **opts.template_kwargs)
+    opts.note_prompt(prompt)
+    assert opts.open_reasoning_end == "</think>"
+    grammar = compile_grammar(g, opts)
+    text = "The user wants the weather.\n</think>\n\n" + call_text
+    assert _accepts(tok, grammar, text)
+    assert not _accepts(tok, grammar, call_text)       # reasoning first
+    out = opts.output(prompt)()
+    out.feed(text)
+    out.finish()
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in out.calls] == \
+        [("get_weather", {"city": "Paris, 東京"})]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ggserve.models.chat_template import ChatTemplate
 from ggserve.server.chat import autoparse, output as co
 from ggserve.server.chat.grammar import COMPILE_TIMEOUT, COMPILE_WORKERS, GrammarError, Grammars
-from ggserve.server.chat.tools.grammar import tool_call_lark
+from ggserve.server.chat.tools.grammar import after_reasoning, tool_call_lark
 from ggserve.server.request_errors import InvalidOption
 
 
@@ -28,6 +28,9 @@ class ChatOptions:
     grammar_kind: str | None = None    # json_schema | gbnf | lark
     # the prompt's reasoning opener is parsed with the output (models/chat_template.py)
     generation_prompt_parsed: bool = True
+    # the end marker of reasoning the rendered prompt left open (note_prompt): a forced call
+    # comes after it, as llama.cpp's grammar puts its reasoning rule before the calls
+    open_reasoning_end: str | None = None
     grammar_text: object = None
 
     def messages(self, msgs: list[dict], template=None) -> list[dict]:
@@ -39,6 +42,20 @@ class ChatOptions:
         no system message; only its generic fallback, taken when the analysis fails,
         writes one."""
         return msgs
+
+    def note_prompt(self, prompt_text: str, prefill: str = "") -> None:
+        """Whether the rendered prompt leaves reasoning open (before its grammar is compiled)."""
+        fmt = self.syntax or co.Format()
+        self.open_reasoning_end = None
+        if not self.reasoning or prefill or not fmt.think[1]:
+            return
+        if fmt.autoparse is not None:
+            opened = autoparse.opened(prompt_text, *fmt.autoparse) if self.generation_prompt_parsed else ""
+            end = fmt.autoparse[1].strip(" \t\r\n")
+            if opened and end and end not in opened:
+                self.open_reasoning_end = end
+        elif fmt.think[0] and prompt_text.rstrip().endswith(fmt.think[0]):
+            self.open_reasoning_end = fmt.think[1]
 
     def output(self, prompt_text: str, prefill: str = ""):
         """Factory of each choice's ChatOutput, given the rendered prompt. prefill: the
@@ -221,6 +238,8 @@ def compile_grammar(grammars: Grammars, opts: ChatOptions, timeout: float = COMP
             lark = tool_call_lark(grammars, opts.fmt, opts.grammar_text, opts.parallel)
             if lark is None:
                 return None          # a syntax the grammar cannot write: parsed, not forced
+            if opts.open_reasoning_end:
+                lark = after_reasoning(grammars, lark, opts.open_reasoning_end)
             return grammars.compile("lark", lark, timeout)
         return grammars.compile(opts.grammar_kind, opts.grammar_text, timeout)
     except GrammarError as e:

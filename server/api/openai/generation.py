@@ -167,8 +167,9 @@ async def submit_chat(api: API, req: S.ChatCompletionRequest, *, salt: str) -> J
     if req.n_probs and not req.logprobs:      # llama.cpp's spelling of top_logprobs
         req.logprobs, req.top_logprobs = True, req.n_probs
     opts = chat_options(req, api.cfg, getattr(api.engine, "chat_template", None))
-    grammar = await compile_grammar_async(api.grammars, opts, api.limits.grammar_timeout)
     prompt = await chat_prompt(api, req, opts)
+    opts.note_prompt(prompt.text, prefill(req))    # a forced call comes after reasoning the prompt opened
+    grammar = await compile_grammar_async(api.grammars, opts, api.limits.grammar_timeout)
     n_probs = max(req.top_logprobs or 0, 1) if req.logprobs else 0
     params = api.sampling(req, n_probs, req.n)
     for p in params:

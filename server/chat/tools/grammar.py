@@ -95,6 +95,17 @@ def tool_call_lark(grammars, fmt: co.Format, names: list[str], parallel: bool) -
     return "\n".join([f"start: {body}"] + rules)
 
 
+def after_reasoning(grammars, lark: str, end: str) -> str:
+    """The forced calls after reasoning the prompt left open: any text up to its end marker
+    first (as llama.cpp's grammar, whose reasoning rule comes before the calls)."""
+    body = lark.replace("start:", "calls:", 1)
+    marker = grammars.literal(end)
+    gap = "(/[ \\t\\r\\n]+/)?"      # whitespace between them, as its parser skips
+    if marker.startswith("<["):     # a control token ends it
+        return f"start: think_text {marker} {gap} calls\nthink_text: /(.|\\n)*/\n{body}"
+    return f"start: think_text {gap} calls\nthink_text[lazy]: {_until_regex(end)}\n{body}"
+
+
 def _json_section_lark(lit, fmt, names: list[str], parallel: bool) -> str:
     """The section's markers around JSON call objects (comma-separated, in [...] where the
     template writes an array), as llama.cpp's standard_json_tools."""
