@@ -7,7 +7,7 @@ from ggserve.models.memory import LayerKV, LayerRecurrent, equal_blocks
 from ggserve.native import ggml
 from ggserve.server.engine.memory.kv_cache import KVCache
 from ggserve.server.engine.memory.model_memory import Memory
-from ggserve.server.engine.memory.recurrent_state import SNAPSHOTS, RecurrentState
+from ggserve.server.engine.memory.recurrent_state import CHECKPOINT_MIN_STEP, CTX_CHECKPOINTS, RecurrentState
 from ggserve.server.engine.sequence import Request, Sequence
 
 
@@ -133,15 +133,65 @@ def test_a_saved_state_lets_a_sequence_go_back_to_it(backend):
 
 
 def test_a_sequence_keeps_its_last_saved_states(backend):
-    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=1)
+    """--ctx-checkpoints 3, states saved further apart than --checkpoint-min-step: the one
+    furthest back gives way (llama-server's create_checkpoint)."""
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=1, max_snapshots=3)
     state.alloc(0)
-    for n in range(1, SNAPSHOTS + 2):
-        _step(state, 0, 1, float(n))
+    step = CHECKPOINT_MIN_STEP + 1
+    for n in range(1, 5):
+        _step(state, 0, step, float(n))
         state.snapshot([0])
-    assert sorted(state.snaps[0]) == list(range(2, SNAPSHOTS + 2))   # the one furthest back went
-    state.keep(0, 2)
+    assert sorted(state.snaps[0]) == [2 * step, 3 * step, 4 * step]
+    state.keep(0, 2 * step)
     assert np.all(_row(state, 0, 0, 0) == 2.0)
     state.close()
+
+
+def test_a_full_list_first_drops_a_saved_state_close_to_the_one_before_it(backend):
+    """llama-server evicts checkpoints within --checkpoint-min-step (8192) of an earlier one
+    before the oldest."""
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=1, max_snapshots=3)
+    state.alloc(0)
+    for n in (100, CHECKPOINT_MIN_STEP + 1000, 100, CHECKPOINT_MIN_STEP + 1000):
+        _step(state, 0, n, 1.0)
+        state.snapshot([0])
+    assert sorted(state.snaps[0]) == [100, CHECKPOINT_MIN_STEP + 1100, 2 * CHECKPOINT_MIN_STEP + 2200]
+    state.close()
+
+
+def test_saved_states_wait_in_host_ram_beside_two_rows_per_sequence(backend):
+    """The state buffer holds each sequence's live row and the one a step writes; the
+    --ctx-checkpoints copies (32 by default, llama-server's) are host bytes, as
+    llama-server keeps its checkpoints."""
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=2)
+    assert state.max_snapshots == CTX_CHECKPOINTS == 32
+    assert state.tensors[(0, 0)].ne[1] == 2 * 2
+    state.alloc(0)
+    for n in range(40):
+        _step(state, 0, 1, float(n))
+        state.snapshot([0])
+    assert len(state.snaps[0]) == 32 and state.snaps[0][40] == [np.full(4, 39.0, np.float32).tobytes()]
+    state.close()
+
+
+def test_ctx_checkpoints_zero_saves_no_state_on_a_prompts_way(backend):
+    hybrid = Memory(backend, [LayerKV(8, 8, backend.cpu), LayerRecurrent((4,), backend.cpu)], kv_size=64,
+                    n_seqs=1, type_k=ggml.F16, type_v=ggml.F16, checkpoints=0)
+    assert hybrid.state_points(40, (0, 12, 30)) == ()
+    hybrid.recurrent.alloc(0)
+    hybrid.recurrent.snapshot([0])
+    assert hybrid.recurrent.snaps[0] == {}
+    hybrid.close()
+
+
+@pytest.mark.parametrize("argv,env,n", [([], {}, 32), (["-ctxcp", "4"], {}, 4), (["--swa-checkpoints", "0"], {}, 0),
+                                        ([], {"LLAMA_ARG_CTX_CHECKPOINTS": "7"}, 7),
+                                        (["--ctx-checkpoints", "-1"], {}, 0)])
+def test_ctx_checkpoints_flag_reads_as_llama_servers(smollm2_path, monkeypatch, argv, env, n):
+    from ggserve.server.cli.main import config_from_args, serve_parser
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert config_from_args(serve_parser().parse_args(["-m", smollm2_path, *argv])).ctx_checkpoints == n
 
 
 def test_a_prompts_state_is_saved_before_its_tail_and_at_user_turns(backend):

@@ -1,5 +1,5 @@
 """How much memory the KV cache may take: llama-server 11434's --swa-full, --fit,
---fit-target and --fit-ctx (common/arg.cpp), read into EngineConfig's fields
+--fit-target, --fit-ctx and --ctx-checkpoints (common/arg.cpp), read into EngineConfig's fields
 (server/engine/memory/sizing.py does the sizing)."""
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def add_memory_flags(p) -> None:
                    default=1024, metavar="MiB", help="memory --fit leaves free, in MiB")
     p.add_argument("-fitc", "--fit-ctx", action=_EnvDefault, env="LLAMA_ARG_FIT_CTX", type=int, default=4096,
                    metavar="N", help="the least context per slot --fit may leave")
+    p.add_argument("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", action=_EnvDefault,
+                   env="LLAMA_ARG_CTX_CHECKPOINTS", type=int, default=32, metavar="N",
+                   help="context checkpoints kept per slot: states of a hybrid model's recurrent layers saved "
+                        "on a prompt's way (at user turns and 4 tokens before its end), in host RAM, that a later "
+                        "prompt continues from (0: none)")
 
 
 def memory_settings(args) -> dict:
@@ -29,4 +34,4 @@ def memory_settings(args) -> dict:
     if args.fit_ctx < 1:
         raise SystemExit("ggserve serve: --fit-ctx must be >= 1")
     return {"swa_full": bool(args.swa_full), "fit": args.fit in _ON, "fit_target_mb": args.fit_target,
-            "fit_ctx": args.fit_ctx}
+            "fit_ctx": args.fit_ctx, "ctx_checkpoints": max(0, args.ctx_checkpoints)}

@@ -44,6 +44,7 @@ class EngineConfig:
     fit: bool = False                         # --fit: an unset context shrinks to leave fit_target_mb free
     fit_target_mb: int = 1024                 # --fit-target
     fit_ctx: int = 4096                       # --fit-ctx: the least context per slot --fit leaves
+    ctx_checkpoints: int = 32                 # --ctx-checkpoints: saved recurrent states per slot (0: none)
     adapters: AdapterConfig | None = None     # --lora, --control-vector and their kin (None: none)
 
     def template_source(self) -> str | None:

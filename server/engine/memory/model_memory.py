@@ -9,7 +9,7 @@ import numpy as np
 
 from ggserve.models.memory import LayerKV, LayerRecurrent
 from ggserve.server.engine.memory.kv_cache import KVCache
-from ggserve.server.engine.memory.recurrent_state import RecurrentState
+from ggserve.server.engine.memory.recurrent_state import CTX_CHECKPOINTS, RecurrentState
 from ggserve.server.engine.memory.swa_ring import SplitStep, SwaRing, ring_size
 
 CHECKPOINT_TAIL = 4     # ref: llama.cpp tools/server/server-context.cpp, checkpoint_offsets
@@ -48,7 +48,7 @@ def ring_layout(specs: list, kv_size: int, n_seqs: int, n_ubatch: int, unified: 
 
 class Memory:
     def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1,
-                 n_ubatch: int = 512, unified: bool = False):
+                 n_ubatch: int = 512, unified: bool = False, checkpoints: int = CTX_CHECKPOINTS):
         self.backend = backend
         attention = [s if isinstance(s, LayerKV) else None for s in specs]
         recurrent = [s if isinstance(s, LayerRecurrent) else None for s in specs]
@@ -65,7 +65,7 @@ class Memory:
         # holds); layers without attention get no K/V storage in it
         self.kv = KVCache(backend, attention, kv_size, type_k, type_v, n_regions=n_seqs, n_pos=n_pos)
         self.kv.has_swa |= self.swa is not None
-        self.recurrent = RecurrentState(backend, recurrent, n_seqs) if any(recurrent) else None
+        self.recurrent = RecurrentState(backend, recurrent, n_seqs, checkpoints) if any(recurrent) else None
 
     def close(self) -> None:
         self.kv.close()
@@ -101,8 +101,8 @@ class Memory:
         there): as llama-server's context checkpoints, CHECKPOINT_TAIL tokens before
         the prompt's end (the next turn of a chat continues the prompt up to the
         assistant's opening) and at user turns (a conversation sharing the system
-        prompt). () without recurrent layers."""
-        if self.recurrent is None:
+        prompt). () without recurrent layers or with checkpoints off (--ctx-checkpoints 0)."""
+        if self.recurrent is None or not self.recurrent.max_snapshots:
             return ()
         return tuple(sorted({p for p in (n_prompt - CHECKPOINT_TAIL, *turn_starts) if 0 < p < n_prompt}))
 

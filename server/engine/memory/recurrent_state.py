@@ -2,13 +2,13 @@
 
 A recurrent layer (gated delta net, SSM) keeps a fixed-size state per sequence
 instead of K/V per token. For each layer and each of its state tensors this holds
-one f32 tensor [size, (2 + SNAPSHOTS) * n_seqs] in a ggml buffer on the layer's
-device. Two rows per sequence, `seq` and `n_seqs + seq`, take turns: one is the
-live state (`live`); a step reads it and writes the new state into the other,
-which becomes live only when the step succeeded (`advance`), so a failed step
-leaves the live state as it was. The other rows keep up to SNAPSHOTS copies of a
-sequence's state at earlier positions (`snapshot`), as llama-server keeps context
-checkpoints.
+one f32 tensor [size, 2 * n_seqs] in a ggml buffer on the layer's device. Two rows
+per sequence, `seq` and `n_seqs + seq`, take turns: one is the live state (`live`);
+a step reads it and writes the new state into the other, which becomes live only
+when the step succeeded (`advance`), so a failed step leaves the live state as it
+was. Up to `max_snapshots` copies of a sequence's state at earlier positions
+(`snapshot`) wait in host RAM, as llama-server keeps its context checkpoints
+(`--ctx-checkpoints`, 32 per slot by default; server-context.cpp create_checkpoint).
 
 A state reflects every token of its sequence up to `pos[seq]` (exclusive): unlike
 the KV cache it cannot be cut at any position, only restored to a snapshot or
@@ -22,27 +22,30 @@ import numpy as np
 from ggserve.models.memory import LayerRecurrent
 from ggserve.native import ggml
 
-SNAPSHOTS = 3       # saved states per sequence (llama-server keeps up to 8 context checkpoints per slot)
+CTX_CHECKPOINTS = 32          # saved states per sequence: llama-server's --ctx-checkpoints default
+CHECKPOINT_MIN_STEP = 8192    # llama-server's --checkpoint-min-step default: a full list drops one this close first
 
 
 class RecurrentState:
-    def __init__(self, backend, layers: list[LayerRecurrent | None], n_seqs: int):
+    def __init__(self, backend, layers: list[LayerRecurrent | None], n_seqs: int,
+                 max_snapshots: int = CTX_CHECKPOINTS):
         self.backend = backend
         self.n_seqs = n_seqs
+        self.max_snapshots = max(0, max_snapshots)
         self.layers = layers
         self.pos = np.zeros(n_seqs, dtype=np.int64)         # tokens the live state reflects
         self.live = np.arange(n_seqs, dtype=np.int64)      # the row holding each sequence's live state
         self.in_use = np.zeros(n_seqs, dtype=bool)
-        self.snaps: list[dict[int, int]] = [{} for _ in range(n_seqs)]   # per sequence: position -> row
+        self.snaps: list[dict[int, list]] = [{} for _ in range(n_seqs)]  # per sequence: position -> bytes per tensor
         by_device: dict = {}
         for il, layer in enumerate(layers):
             if layer is not None:
                 by_device.setdefault(layer.device, []).append(il)
         self.buffers, tensors = [], {}
         for device, ils in by_device.items():
-            specs = [(f"state_l{il}_{i}", ggml.F32, (size, (2 + SNAPSHOTS) * n_seqs))
+            specs = [(f"state_l{il}_{i}", ggml.F32, (size, 2 * n_seqs))
                      for il in ils for i, size in enumerate(layers[il].sizes)]
-            buf = backend.alloc(device, specs)    # zeroed (host pages as they are written: rows never used cost no RAM)
+            buf = backend.alloc(device, specs)    # zeroed
             self.buffers.append(buf)
             tensors.update(buf.tensors)
         # (layer, state index) -> tensor
@@ -84,15 +87,17 @@ class RecurrentState:
     def keep(self, seq: int, n: int) -> None:
         """seq's state goes back to its first n tokens (n from `reusable`, > 0)."""
         if n != self.pos[seq]:
-            self._copy_rows([self.snaps[seq][n]], [self.live[seq]])
+            self._write_row(int(self.live[seq]), self.snaps[seq][n])
             self.pos[seq] = n
         self.snaps[seq] = {p: r for p, r in self.snaps[seq].items() if p <= n}
 
     def copy(self, src: int, dst: int, n: int) -> None:
         """dst's state becomes src's after its first n tokens (n from `reusable`, > 0):
         a shared prefix, dst continues from there."""
-        row = self.live[src] if n == self.pos[src] else self.snaps[src][n]
-        self._copy_rows([row], [self.live[dst]])
+        if n == self.pos[src]:
+            self._copy_rows([self.live[src]], [self.live[dst]])
+        else:
+            self._write_row(int(self.live[dst]), self.snaps[src][n])
         self.pos[dst] = n
         self.snaps[dst].clear()
         self.in_use[dst] = True
@@ -105,19 +110,20 @@ class RecurrentState:
             self.pos[s] += n
 
     def snapshot(self, seqs) -> None:
-        """Keep a copy of each of seqs' live state at its position (when it has
-        SNAPSHOTS already, the one furthest back gives way)."""
-        src, dst = [], []
+        """Keep a copy of each of seqs' live state at its position in host RAM. A
+        sequence that has max_snapshots already first drops one within
+        CHECKPOINT_MIN_STEP of the one before it, else the one furthest back
+        (llama-server's create_checkpoint)."""
+        if not self.max_snapshots:
+            return
         for s in seqs:
             snaps, p = self.snaps[s], int(self.pos[s])
-            if p not in snaps and len(snaps) == SNAPSHOTS:
-                snaps.pop(min(snaps))
-            if p not in snaps:
-                used = set(snaps.values())
-                snaps[p] = next(r for r in self._snapshot_rows(s) if r not in used)
-            src.append(self.live[s])
-            dst.append(snaps[p])
-        self._copy_rows(src, dst)
+            snaps.pop(p, None)
+            if len(snaps) >= self.max_snapshots:
+                held = sorted(snaps)
+                close = [b for a, b in zip(held, held[1:]) if b <= a + CHECKPOINT_MIN_STEP]
+                snaps.pop(close[0] if close else held[0])
+            snaps[p] = self._read_row(int(self.live[s]))
 
     # -- host copies (server/engine/memory/snapshot.py) --------------------------------------
 
@@ -130,20 +136,17 @@ class RecurrentState:
         position -> one bytes per (layer, state) tensor."""
         if not self.in_use[seq]:
             return {}
-        rows = {**self.snaps[seq], int(self.pos[seq]): int(self.live[seq])}
-        return {p: [t.read_bytes(r * n, n) for t, n in zip(self.tensors.values(), self.row_bytes())]
-                for p, r in sorted(rows.items()) if 0 < p <= upto}
+        states = {**self.snaps[seq], int(self.pos[seq]): self._read_row(int(self.live[seq]))}
+        return {p: st for p, st in sorted(states.items()) if 0 < p <= upto}
 
     def import_(self, seq: int, states: dict[int, list[bytes]], n: int) -> None:
         """seq's state becomes the one at position n of `states` (from export), the
-        others at or before n (up to SNAPSHOTS, the latest) its saved ones."""
+        others before n (up to max_snapshots, the latest) its saved ones."""
         self.alloc(seq)
-        older = sorted(p for p in states if p < n)[-SNAPSHOTS:]
-        for p, row in [(n, int(self.live[seq])), *zip(older, self._snapshot_rows(seq))]:
-            for t, data, size in zip(self.tensors.values(), states[p], self.row_bytes()):
-                t.write(np.frombuffer(data, dtype=np.uint8, count=size), row * size)
-            if p != n:
-                self.snaps[seq][p] = row
+        self._write_row(int(self.live[seq]), states[n])
+        older = sorted(p for p in states if p < n)
+        self.snaps[seq] = {p: list(states[p]) for p in older[len(older) - self.max_snapshots:]} \
+            if self.max_snapshots else {}
         self.pos[seq] = n
 
     # -- what a step's graph uses --------------------------------------------------
@@ -160,9 +163,13 @@ class RecurrentState:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _snapshot_rows(self, seq: int) -> range:
-        first = 2 * self.n_seqs + seq * SNAPSHOTS
-        return range(first, first + SNAPSHOTS)
+    def _read_row(self, row: int) -> list[bytes]:
+        """One row of every (layer, state) tensor, as bytes."""
+        return [t.read_bytes(row * n, n) for t, n in zip(self.tensors.values(), self.row_bytes())]
+
+    def _write_row(self, row: int, state: list) -> None:
+        for t, data, size in zip(self.tensors.values(), state, self.row_bytes()):
+            t.write(np.frombuffer(data, dtype=np.uint8, count=size), row * size)
 
     def _other(self, rows):
         """The other row of the sequences whose rows these are."""
