@@ -27,23 +27,36 @@ from ggserve.server.engine.engine import Engine, EngineConfig, Request
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "granite"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
 COMPLETIONS = {c["key"]: c for c in GOLDEN["completions"]}
+# the same weights with rope.scaling.finetuned false: llama.cpp's answers without RoPE
+GOLDEN_NO_ROPE = json.loads((DATA / "golden_no_rope.json").read_text(encoding="utf-8"))
 TOKENIZE_VARIANTS = {"nobos_special": (False, True), "bos_special": (True, True), "nobos_nospecial": (False, False)}
 # Granite 3.3's template prints today's date: render as on the day llama-server did
 DAY = datetime.datetime.fromisoformat(GOLDEN["date"]).replace(hour=12)
 
 
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory) -> str:
+def _write_model(tmp_path_factory, golden: dict, rope: bool) -> str:
     # by path under its own name: other tests' make_model modules must not stand in for it in sys.modules
     spec = importlib.util.spec_from_file_location("granite_make_model", DATA / "make_model.py")
     make_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_model)
-    path = str(tmp_path_factory.mktemp("granite") / GOLDEN["model_file"])
-    make_model.build(path)
+    path = str(tmp_path_factory.mktemp("granite") / golden["model_file"])
+    make_model.build(path, rope=rope)
     with open(path, "rb") as f:
-        assert hashlib.sha256(f.read()).hexdigest() == GOLDEN["model_sha256"], \
-            "make_model.py no longer writes the file golden.json was made on: remake the golden (README.md)"
+        assert hashlib.sha256(f.read()).hexdigest() == golden["model_sha256"], \
+            "make_model.py no longer writes the file the golden was made on: remake the golden (README.md)"
     return path
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> str:
+    return _write_model(tmp_path_factory, GOLDEN, rope=True)
+
+
+@pytest.fixture(scope="module")
+def no_rope_engine(tmp_path_factory):
+    e = _engine(_write_model(tmp_path_factory, GOLDEN_NO_ROPE, rope=False), n_parallel=1)
+    yield e
+    e.close()
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +108,6 @@ def test_the_model_loads_as_dense_granite_with_rope_factors_and_scales(model_fil
     assert m.residual_scale == pytest.approx(0.22)
 
 
-def test_rope_scaling_finetuned_false_turns_rope_off(model_file):
-    f = GGUFFile(model_file)
-    meta = {**f.metadata, "granite.rope.scaling.finetuned": False}
-    assert not model_class("granite")(meta, f.tensors, model_file).use_rope
-
-
 def test_a_missing_ffn_tensor_names_the_file_and_the_tensor(model_file):
     f = GGUFFile(model_file)
     tensors = {k: v for k, v in f.tensors.items() if k != "blk.2.ffn_up.weight"}
@@ -134,6 +141,13 @@ def test_tokenization_equals_llama_servers(tokenizer, entry):
 @pytest.mark.parametrize("case", GOLDEN["completions"], ids=lambda c: c["key"])
 def test_completion_equals_llama_cpp(engine, case):
     assert_same_as_llama_cpp(_solo(engine, case["prompt_ids"], len(case["generated_ids"])), case)
+
+
+@pytest.mark.parametrize("case", GOLDEN_NO_ROPE["completions"], ids=lambda c: c["key"])
+def test_rope_scaling_finetuned_false_runs_without_rope_as_llama_cpp(no_rope_engine, case):
+    assert not no_rope_engine.model.use_rope
+    no_rope_engine.clear_cache()
+    assert_same_as_llama_cpp(generate(no_rope_engine, {"r": case["prompt_ids"]}, len(case["generated_ids"]))["r"], case)
 
 
 @pytest.mark.parametrize("conv", GOLDEN["chats"], ids=lambda c: c["key"])

@@ -3,6 +3,8 @@ the granite model (see README.md): the fields the tests read, nothing else
 changed (ids, logprobs, renderings and messages as llama-server answered them).
 
     python tests/data/granite/extract.py OUT_DIR   # OUT_DIR: make_synth_golden.py --out
+    python tests/data/granite/extract.py NOPE_OUT_DIR golden_no_rope.json   # a --only completions run:
+                                                                        # the completions alone
 """
 from __future__ import annotations
 
@@ -40,25 +42,26 @@ def _tokenized(s: dict) -> dict:
             "variants": {name: {"request": v["request"], "ids": v["ids"]} for name, v in s["variants"].items()}}
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, name: str = "golden.json") -> None:
     out = pathlib.Path(out_dir)
     comp = json.loads((out / "synth_completions.json").read_text(encoding="utf-8"))
-    chat = json.loads((out / "synth_chat.json").read_text(encoding="utf-8"))
-    tok = json.loads((out / "synth_tokenize.json").read_text(encoding="utf-8"))
     loads = json.loads((out / "load_summary.json").read_text(encoding="utf-8"))
     model = comp["model_files"][ARCH]
     golden = {
         "llama_cpp_build": comp["llama_cpp_build"], "server_common_args": comp["server_common_args"],
         "model_file": model["file"], "model_sha256": model["sha256"], "template": model["template"],
-        "date": _date_of(next(c["prompt"] for c in chat["models"][ARCH] if "Today's Date: " in c["prompt"])),
         "near_tie_stats": comp["near_tie_stats"][ARCH],
         "kv_cache_log": [line for line in loads[ARCH] if "llama_kv_cache: size" in line],
         "completion_request": comp["request_defaults"],
         "completions": [_completion(c) for c in comp["models"][ARCH]],
-        "chats": [_chat(c) for c in chat["models"][ARCH]],
-        "tokenize": [_tokenized(s) for s in tok["vocabs"][VOCAB]["strings"]],
     }
-    (HERE / "golden.json").write_text(json.dumps(golden, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    if (out / "synth_chat.json").exists():
+        chat = json.loads((out / "synth_chat.json").read_text(encoding="utf-8"))
+        tok = json.loads((out / "synth_tokenize.json").read_text(encoding="utf-8"))
+        golden["date"] = _date_of(next(c["prompt"] for c in chat["models"][ARCH] if "Today's Date: " in c["prompt"]))
+        golden["chats"] = [_chat(c) for c in chat["models"][ARCH]]
+        golden["tokenize"] = [_tokenized(s) for s in tok["vocabs"][VOCAB]["strings"]]
+    (HERE / name).write_text(json.dumps(golden, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
 
 
 def _date_of(prompt: str) -> str:
@@ -69,4 +72,4 @@ def _date_of(prompt: str) -> str:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

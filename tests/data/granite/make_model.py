@@ -18,7 +18,7 @@ final-norm gain giving the logits a std of ~10, so that greedy steps are rarely 
 ties. Norms and rope_freqs F32, token_embd Q4_0, the other matrices Q8_0
 (gguf.quants, as llama-quantize would quantize them).
 
-    python tests/data/granite/make_model.py OUT.gguf
+    python tests/data/granite/make_model.py OUT.gguf [--no-rope]
 """
 from __future__ import annotations
 
@@ -116,13 +116,16 @@ def _tensors(n_vocab: int) -> Tensors:
     return ts
 
 
-def build(path: str) -> None:
+def build(path: str, rope: bool = True) -> None:
+    """rope False: the same weights with `rope.scaling.finetuned` false (Granite's switch: no RoPE)."""
     w = gguf.GGUFWriter(path, ARCH)
     w.add_name("synth-granite")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = _copy_vocab(w)
     _hparams(w, n_vocab)
+    if not rope:
+        w.add_bool(f"{ARCH}.rope.scaling.finetuned", False)
     for name, arr, qtype in _tensors(n_vocab).items:
         if qtype == Q.F32:
             w.add_tensor(name, arr)
@@ -135,4 +138,4 @@ def build(path: str) -> None:
 
 
 if __name__ == "__main__":
-    build(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth-granite-q8_0.gguf")
+    build(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth-granite-q8_0.gguf", rope="--no-rope" not in sys.argv[2:])
