@@ -11,6 +11,7 @@ import logging
 import numpy as np
 
 from .pretokenize import PRE_TYPES, PreSpec
+from .token_index import TokenIndex
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +106,7 @@ class Vocab:
         for t, a in _TYPE_ATTR.items():
             table[t] = int(a)
         self.attrs: list[int] = table[np.where((types >= 0) & (types < 7), types, 7)].tolist()
-        self.token_to_id: dict[str, int] = {}
-        for i, text in enumerate(self.tokens):
-            self.token_to_id.setdefault(text, i)
+        self.token_to_id = TokenIndex(self.tokens)       # text -> its lowest id
 
         for name, keys in _ID_KEYS.items():
             value = ids.get(name, -1)
