@@ -109,3 +109,22 @@ def test_a_ring_kept_in_host_ram_comes_back_as_llama_servers(gemma3_path):
         assert tokens(out) == ref["next"]["tokens"] == CONTINUATION
     finally:
         e.close()
+
+
+def test_a_ring_every_slot_shares_takes_back_the_window_when_it_has_no_room_for_more(gemma3_path, tmp_path):
+    """A unified cache (one 1,536-cell ring for 2 slots): slot 0's 1,045 ring cells do not
+    fit beside themselves, so slot 1 takes back the 512 the window shows the next token
+    (what llama.cpp's state_write saves) and still reuses every token."""
+    e = Engine(EngineConfig(gemma3_path, n_ctx=4096, n_parallel=2, kv_unified=True, n_threads=2, cache_ram_mb=0))
+    try:
+        first = tokens(_run(e, "first", PROMPT, N_FIRST, slot=0))
+        e.save_slot(0, str(tmp_path / "ring.bin"))
+        n = len(PROMPT) + N_FIRST - 1
+        assert e.restore_slot(1, str(tmp_path / "ring.bin")) == (n, n)
+        ring = e.memory.swa
+        assert ring.size == 1536 and sorted(ring.pos[ring._cells_of(1)].tolist()) == list(range(n - 512, n))
+        e.erase_slot(0)
+        out = _run(e, "next", PROMPT + first, N_NEXT, slot=1)
+        assert out[-1].n_cached == n and tokens(out) == CONTINUATION
+    finally:
+        e.close()

@@ -128,12 +128,11 @@ class Memory:
     def take_prefix(self, src: int, dst: int, n: int, pos: int) -> bool:
         """dst drops what it holds and gets src's first n tokens (n > 0, those before
         position pos); False (nothing changed) when src has no recurrent state there."""
-        if n <= 0 or self.reusable(src, n) != n or (self.swa is not None and self.swa.n_regions == 1):
-            return False        # (one ring every sequence shares: not copied, swa_ring.copy_prefix)
+        if n <= 0 or self.reusable(src, n) != n:
+            return False
+        if self.swa is not None and not self.swa.copy_prefix(self.backend, src, dst, pos):
+            return False
         self.kv.seq_rm(dst)
-        if self.swa is not None:
-            self.swa.seq_rm(dst)
-            self.swa.copy_prefix(self.backend, src, dst, pos)
         if self.recurrent is not None:
             self.recurrent.copy(src, dst, n)
         if not self.kv.seq_copy(self.backend, src, dst, pos):

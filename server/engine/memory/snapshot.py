@@ -111,14 +111,18 @@ def _read(cache, cells: np.ndarray) -> tuple[list, list]:
             [None if kt is None else b"" if t is None else read(t) for kt, t in zip(cache.k, cache.v)])
 
 
-def _write(cache, cells: np.ndarray, k: list, v: list) -> None:
-    """The first len(cells) rows of k and v into these cells, in this order."""
+def _write(cache, cells: np.ndarray, k: list, v: list, which: np.ndarray | None = None) -> None:
+    """Rows of k and v into these cells, in this order: the first len(cells), or those
+    `which` picks."""
     runs = _runs(cells)
     for t, data in (*zip(cache.k, k), *zip(cache.v, v)):
         if t is None:
             continue
         row = t.nb[1]
-        rows = np.frombuffer(data, dtype=np.uint8, count=len(cells) * row)
+        if which is None:
+            rows = np.frombuffer(data, dtype=np.uint8, count=len(cells) * row)
+        else:
+            rows = np.frombuffer(data, dtype=np.uint8).reshape(-1, row)[which].reshape(-1)
         for i, c, m in runs:
             t.write(rows[i * row:(i + m) * row], c * row)
 
@@ -158,14 +162,16 @@ def restore(memory: Memory, seq: int, snap: Snapshot, n: int | None = None) -> i
         cells = kv.find_cells_for([seq], [n])
         # the ring's cells go back whole, then those from position n on leave (llama-server
         # restores a cache entry whole, then cuts it where the prompt differs)
-        ring = memory.swa.restore(seq, snap.ring.positions, snap.ring.spans) if snap.ring is not None else None
+        cut = int(snap.positions[0, n - 1]) + 1
+        ring = memory.swa.restore(seq, snap.ring.positions, snap.ring.spans, cut) if snap.ring is not None else None
     except Exception:          # KVCacheFull: the caller computes the prefix instead
         return 0
     _write(kv, cells, snap.k, snap.v)
     kv.commit(cells, np.full(n, seq, dtype=np.int64), snap.positions[:, :n], snap.spans[:n])
     if ring is not None:
-        _write(memory.swa, ring, snap.ring.k, snap.ring.v)
-        memory.swa.seq_rm(seq, int(snap.positions[0, n - 1]) + 1)
+        ring_cells, which = ring
+        _write(memory.swa, ring_cells, snap.ring.k, snap.ring.v, which)
+        memory.swa.seq_rm(seq, cut)
     if memory.recurrent is not None:
         memory.recurrent.import_(seq, snap.states, n)
     return n

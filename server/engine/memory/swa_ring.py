@@ -106,25 +106,35 @@ class SwaRing(KVCache):
         super().clear()
         self.head[:] = 0
 
-    def restore(self, seq: int, positions: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    def restore(self, seq: int, positions: np.ndarray, spans: np.ndarray, upto: int) -> tuple[np.ndarray, np.ndarray]:
         """seq (holding no cells) takes cells for saved ones, given in the order the saved
         cells lay in the ring: llama.cpp's state_read places them with one find_slot from
-        the head, so a ring saved whole comes back in the cells it was computed in."""
+        the head, so a ring saved whole comes back in the cells it was computed in. Where
+        too few cells are usable for all (a ring the slots share), only those the window
+        shows the token at `upto` (positions upto - window .. upto - 1). -> (the cells,
+        which of the saved ones they hold). Raises KVCacheFull."""
         self.begin_step()
-        return self.place(seq, positions, spans)
+        try:
+            return self.place(seq, positions, spans), np.arange(len(positions))
+        except KVCacheFull:
+            keep = np.flatnonzero((positions >= upto - self.window) & (positions < upto))
+            return self.place(seq, positions[keep], spans[keep]), keep
 
     def copy_prefix(self, backend, src: int, dst: int, p1: int) -> bool:
-        """dst (holding no cells) gets its own copy of src's cells with pos < p1, placed as
-        restore places them; False (nothing done) with one ring every sequence shares,
-        where placing dst's cells could take src's that the copy reads."""
-        if self.n_regions == 1:
-            return False
+        """dst drops its cells and gets its own copy of src's with pos < p1, placed as
+        restore places them (one graph reads src's rows before any is written, so dst may
+        take cells the window hides from src); False (nothing changed) without room."""
         cells = self._cells_of(src)
         cells = cells[self.pos[cells] < p1]
-        if not len(cells):
+        before = self.pos.copy(), self.seqs.copy(), self.span.copy(), self.head.copy()
+        self.seq_rm(dst)
+        try:
+            dst_cells, keep = self.restore(dst, self.pos[cells].copy(), self.span[cells].copy(), p1)
+        except KVCacheFull:
+            self.pos[:], self.seqs[:], self.span[:], self.head[:] = before
+            self._extent.clear()
             return False
-        src_pos, src_span = self.pos[cells].copy(), self.span[cells].copy()
-        self.copy_rows(backend, cells, self.restore(dst, src_pos, src_span))
+        self.copy_rows(backend, cells[keep], dst_cells)
         return True
 
     def holds_window(self, seq: int, n: int) -> bool:
