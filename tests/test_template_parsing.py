@@ -38,3 +38,19 @@ def test_records_cover_every_template_and_each_tool_call_family():
     assert {r["template"] for r in every if r["kind"] == "forced"} == templates
     for kind in ("calls", "parallel", "plain"):
         assert len({r["template"] for r in every if r["kind"] == kind}) >= 40
+
+
+def test_whole_calls_recorded_for_every_family_with_a_call_syntax():
+    """A whole call in each family's syntax as the prefill (record.py's "whole_call"): llama-server
+    answered a parsed call for nearly every family; each of those records is replayed above."""
+    import sys
+    sys.path.insert(0, os.path.join(DATA, "template_parsing"))
+    from whole_calls import WHOLE_CALLS
+    with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-8") as f:
+        every = [r for r in json.load(f)["records"] if r["kind"] == "whole_call"]
+    assert {r["template"] for r in every} == set(WHOLE_CALLS)
+    called = {r["template"] for r in every if r["status"] == 200 and r["message"]["tool_calls"]}
+    assert len(called) >= 35
+    parallel = [r for r in every if r["request"].get("parallel_tool_calls") and r["status"] == 200
+                and len(r["message"]["tool_calls"]) == 2]
+    assert len(parallel) >= 30

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ggserve.models.chat_template import ChatTemplate
 from ggserve.server.chat import autoparse, output as co
+from ggserve.server.chat.continued import Prefill, parsed_text
 from ggserve.server.chat.grammar import COMPILE_TIMEOUT, COMPILE_WORKERS, GrammarError, Grammars
 from ggserve.server.chat.tools.grammar import after_reasoning, tool_call_lark
 from ggserve.server.request_errors import InvalidOption
@@ -57,21 +58,24 @@ class ChatOptions:
         elif fmt.think[0] and prompt_text.rstrip().endswith(fmt.think[0]):
             self.open_reasoning_end = fmt.think[1]
 
-    def output(self, prompt_text: str, prefill: str = ""):
+    def output(self, prompt_text: str, prefill: Prefill | str = ""):
         """Factory of each choice's ChatOutput, given the rendered prompt. prefill: the
-        continued final assistant message's text, which llama-server parses with the
-        generated text (the message starts with it), reasoning not extracted
-        (server-common.cpp: a prefill sets reasoning_format none)."""
+        continued final assistant message, which llama-server parses before the generated
+        text, written back in the family's syntax (server/chat/continued.py)."""
         fmt = self.syntax or co.Format()
-        reasoning = self.reasoning and not prefill
+        if prefill:
+            text, split = parsed_text(fmt, prefill if isinstance(prefill, Prefill) else Prefill(prefill))
+            return functools.partial(co.ChatOutput, fmt, reasoning=self.reasoning and split,
+                                     tools=self.fmt is not None, prefill=text)
+        reasoning = self.reasoning
         if fmt.autoparse is not None:
             parsed = reasoning and self.generation_prompt_parsed
             opened = autoparse.opened(prompt_text, *fmt.autoparse) if parsed else ""
             return functools.partial(co.ChatOutput, fmt, reasoning=reasoning, tools=self.fmt is not None,
-                                     prefill=prefill, opened=opened)
+                                     opened=opened)
         open_think = bool(fmt.think[0]) and prompt_text.rstrip().endswith(fmt.think[0])
         return functools.partial(co.ChatOutput, fmt, reasoning=reasoning,
-                                 tools=self.fmt is not None, open_think=open_think, prefill=prefill)
+                                 tools=self.fmt is not None, open_think=open_think)
 
 
 def _tool_names(tools: list) -> list[str]:

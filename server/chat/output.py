@@ -87,6 +87,8 @@ def unwrap(rest: str, fmt: Format, tools: bool, partial: bool) -> tuple[str, str
             return "", ""
         return ("", rest[i:]) if tools else (rest, "")
     i += len(start)
+    if not end:     # the answer runs to the end: no call after it (Functionary v3.2)
+        return rest[i:], ""
     k = rest.find(end, i)
     if k < 0:
         return rest[i:len(rest) - held(rest[i:], (end,))], ""

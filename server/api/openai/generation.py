@@ -14,6 +14,7 @@ from ggserve.server.api.errors import invalid
 from ggserve.server.api.limits import check_messages
 from ggserve.server.api.llama.lora import request_adapters
 from ggserve.server.api.media_parts import load_media
+from ggserve.server.chat.continued import Prefill
 from ggserve.server.chat.options import ChatOptions, chat_options, compile_grammar_async, completion_options
 from ggserve.server.chat.output import Format, shown_tokens
 from ggserve.server.chat.prompts import Prompt
@@ -36,15 +37,15 @@ def continuation(req: S.ChatCompletionRequest, msgs: list[dict]) -> tuple[bool, 
     return cont, agp
 
 
-def prefill(req: S.ChatCompletionRequest) -> str:
-    """The text of the final assistant message a chat continues ("": none): llama-server's
-    parsed message starts with it."""
+def prefill(req: S.ChatCompletionRequest) -> Prefill:
+    """The final assistant message a chat continues (empty: none): llama-server's parsed
+    message starts with it, its text and its reasoning_content (server/chat/continued.py)."""
     last = req.messages[-1] if req.messages else None
     if last is None or last.role != "assistant" or req.continue_final_message == "reasoning_content":
-        return ""
+        return Prefill()
     if isinstance(last.content, list):
-        return "".join(p.text or "" for p in last.content if p.type == "text")
-    return last.content or ""
+        return Prefill("".join(p.text or "" for p in last.content if p.type == "text"), last.reasoning_content or "")
+    return Prefill(last.content or "", last.reasoning_content or "")
 
 
 def template_messages(req: S.ChatCompletionRequest) -> tuple[list[dict], list[tuple[str, str]]]:

@@ -176,13 +176,15 @@ def _string_or_value(text: str):
 class FunctionaryV32(Format):
     """Functionary v3.2 (llama.cpp's common/parsers/functionary-v3-2.cpp): the prompt ends with
     ">>>" and the model names the recipient: "all\\n" and the answer (up to the next ">>>"), or
-    a function's name, a newline and its JSON arguments, call after call."""
+    a function's name, a newline and its JSON arguments, call after call. An answer runs to the
+    end: llama-server 11434's parser reads the calls after it without their ">>>", so none parses
+    and it answers the whole text as content."""
 
     name = "functionary_v3_2"
     think = ("", "")
     markers = (">>>",)
     lstrip_content = False
-    content_wrap = ("all\n", ">>>")
+    content_wrap = ("all\n", "")
     _name = re.compile(r"(?:>>>)?([A-Za-z_][\w.\-]*)\n")
 
     def split_calls(self, text, partial):

@@ -14,6 +14,9 @@ from ggserve.server.chat.tools.xml import _XmlParams
 class TaggedCalls(_XmlParams):
     section_start = section_end = per_call_start = per_call_end = ""
     value_close_named = False
+    # the section holds call after call, each opened by the name's marker (MiniMax-M3's parser,
+    # with parallel calls); elsewhere one call per section unless comma-separated
+    names_repeat = False
     name_prefix = name_suffix = args_sep = func_close = ""
     key_prefix = key_suffix = value_prefix = value_suffix = ""
 
@@ -43,6 +46,9 @@ class TaggedCalls(_XmlParams):
             calls.append(call)
             j = skip_ws(text, i)
             if self.per_call_start and text.startswith(self.per_call_start, j):
+                i = j
+                continue
+            if self.names_repeat and text.startswith(self.name_prefix.strip(), j):
                 i = j
                 continue
             if not self.per_call_start and text.startswith(",", j):
@@ -155,6 +161,7 @@ class MiniMaxM3(TaggedCalls):
     think_bare_end = True
     lstrip_content = lstrip_reasoning = lstrip_after_reasoning = False
     lenient_end = True
+    names_repeat = True
     section_start, section_end = "]<]minimax[>[<tool_call>", "]<]minimax[>[</tool_call>"
     name_prefix, name_suffix, func_close = ']<]minimax[>[<invoke name="', '">', "]<]minimax[>[</invoke>"
     key_prefix, key_suffix = "]<]minimax[>[<", ">"

@@ -170,6 +170,7 @@ class Harmony(Format):
     markers = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>")
     always_shown = markers             # llama-server reads the channels with or without tools
     _to = re.compile(r"to=functions\.([^\s<]+)")
+    _final = re.compile(r"<\|channel\|>final\b")
 
     def parse(self, text: str, partial: bool, reasoning: bool, tools: bool) -> Parsed:
         out = Parsed()
@@ -187,6 +188,11 @@ class Harmony(Format):
                     break
                 out.content += msg
                 continue
+            if self._final.search(head) and not (tools and self._to.search(head)):
+                # llama-server's final message is the last: its text runs up to <|end|>
+                body = "<|start|>".join([body, *msgs[n + 1:]]).split("<|end|>", 1)[0]
+                out.content += body[:len(body) - held(body, ("<|end|>",))] if partial else body
+                break
             closed = False
             for end in ("<|end|>", "<|call|>", "<|return|>"):
                 if end in body:
@@ -284,6 +290,11 @@ class LlmJpHarmony(Harmony):
     name = "llm_jp_harmony"
     lenient_end = True
     _spaces = re.compile(r"(<\|start\|>|<\|channel\|>|<\|constrain\|>) +|(<\|message\|>) ")
+    _final_open = re.compile(r"<\|channel\|> *final *<\|message\|> ?")
 
     def parse(self, text: str, partial: bool, reasoning: bool, tools: bool) -> Parsed:
-        return super().parse(self._spaces.sub(lambda m: m.group(1) or m.group(2), text), partial, reasoning, tools)
+        # the final message's own text is kept as written (its parser reads it to the end)
+        m = self._final_open.search(text)
+        cut = m.end() if m else len(text)
+        head = self._spaces.sub(lambda m: m.group(1) or m.group(2), text[:cut])
+        return super().parse(head + text[cut:], partial, reasoning, tools)

@@ -46,6 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "..", "templates")
 sys.path.insert(0, os.path.join(HERE, "..", "tool_parity"))
 from record import REQUESTS, TOOLS, _shots  # noqa: E402  (the tool-call conversations)
+from whole_calls import WHOLE_CALLS  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is 2 plus 2?"}]
 PLAIN = "  The answer is 4.\n"           # leading whitespace: which families trim it
@@ -133,11 +134,40 @@ PREFILL = {
 }
 # the forced texts go to every template (each reasoning syntax, each family's parser)
 FORCED_TEMPLATES = sorted(f[:-len(".jinja")] for f in os.listdir(TEMPLATES) if f.endswith(".jinja"))
-KINDS = ("forced", "calls", "parallel", "plain", "prefill", "nothink")
+KINDS = ("forced", "calls", "parallel", "plain", "prefill", "nothink", "whole_call")
 # "nothink": the "required" calls request with thinking off, for the families that think by default
 NOTHINK = ["deepseek-ai-DeepSeek-V3.1", "GLM-4.7-Flash", "Kimi-K2-Thinking", "Cohere2MoE", "openbmb-MiniCPM5-1B",
            "MiniMax-M2", "tencent-Hy3", "Apriel-1.6-15b-Thinker-fixed", "NVIDIA-Nemotron-Nano-v2", "Qwen-Qwen3-0.6B",
            "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "inclusionai-ling-3.0-flash", "deepseek-ai-DeepSeek-V4"]
+
+
+# "whole_call": a whole call in the family's syntax as the final assistant message (WHOLE_CALLS), and
+# SmolLM2's EOS (token 2, <|im_end|>) forced, so the model ends at once and llama-server parses the
+# prefill as the answer: one call (tool_choice "auto", "required"), two parallel calls, and where the
+# template reasons, the call after a think block (the message's reasoning_content)
+EOS_NOW = {"2": 100}
+
+
+def whole_call_requests(template: str) -> list[dict]:
+    one, two = WHOLE_CALLS[template]
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+
+    def req(text: str, reasoning: str | None = None, **extra) -> dict:
+        said = {"role": "assistant", "content": text, **({"reasoning_content": reasoning} if reasoning else {})}
+        return {"messages": ask + [said], "tools": TOOLS, "tool_choice": "auto", "logit_bias": EOS_NOW, **extra}
+    out = [req(one), req(one, tool_choice="required")]
+    if two:
+        out.append(req(two, parallel_tool_calls=True))
+    if thinks(template):
+        out.append(req(one, "Oslo weather needed."))
+    return out
+
+
+def thinks(template: str) -> bool:
+    """A template that writes reasoning (a think block, or its own reasoning syntax)."""
+    with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
+        source = f.read()
+    return "reasoning" in source or "think" in source.lower() or any(m in source for m in THINK)
 
 
 def gbnf_literal(text: str) -> str:
@@ -183,6 +213,8 @@ def record_template(binary: str, model: str, template: str, max_tokens: int, kin
                 {"role": "assistant", "content": PREFILL[template]}]}))
         if "nothink" in kinds and template in NOTHINK:
             bodies.append(("nothink", {**CALLS[1], "chat_template_kwargs": {"enable_thinking": False}}))
+        if "whole_call" in kinds and template in WHOLE_CALLS:
+            bodies += [("whole_call", req) for req in whole_call_requests(template)]
         if "plain" in kinds:
             bodies.append(("plain", {"messages": [{"role": "user", "content": "Hello! Who are you?"}]}))
         for kind, req in bodies:
@@ -233,7 +265,7 @@ def main() -> int:
     for name in args.only or FORCED_TEMPLATES:
         kinds = tuple(k for k in args.kinds
                       if k == "forced" or name in CALL_TEMPLATES and (k != "prefill" or name in PREFILL)
-                      and (k != "nothink" or name in NOTHINK))
+                      and (k != "nothink" or name in NOTHINK) and (k != "whole_call" or name in WHOLE_CALLS))
         if not kinds:
             continue
         got = record_template(args.llama_server, smollm2_path(), name, args.max_tokens, kinds, args.threads)
