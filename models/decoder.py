@@ -32,6 +32,7 @@ class Decoder:
     embd_scale = None
     q_scale = None
     temperature = None
+    attn_softcap = 0.0          # Gemma 2: attention logits softcapped (cap * tanh(x / cap))
     swa_layers = None
     window = 0
     chunk = 0
@@ -92,7 +93,7 @@ class Decoder:
             k = blocks.norm(g, k, L.k_norm, self.eps)
         q = self.scale_q(g, il, self.rope(g, il, q, inp.positions), temp)
         k = self.rope(g, il, k, inp.positions)
-        a = inp.kv.attention(g, il, q, k, v, self.kq_scale, sinks=L.sinks)
+        a = inp.kv.attention(g, il, q, k, v, self.kq_scale, self.attn_softcap, sinks=L.sinks)
         return blocks.linear(g, inp, L.wo, L.bo, a)
 
     def qkv(self, g, inp, il, L, h):

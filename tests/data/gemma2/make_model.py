@@ -1,0 +1,144 @@
+"""A tiny random-weight gemma2 GGUF (Gemma 2: alternating sliding-window and
+global attention layers, softcapped attention and output logits, pre and post norms,
+GeGLU), written with the `gguf` package, deterministically.
+
+Vocabulary: there is no Gemma SentencePiece vocabulary (256k) in llama.cpp's models/:
+the phi-3 SentencePiece vocabulary of ../shared/golden/synth's synth-phi3 model, with
+Gemma's `<start_of_turn>` / `<end_of_turn>` as control tokens on its unused ids 32011 /
+32012 (llama.cpp ends a generation on `<end_of_turn>` by its text); bos `<s>` added,
+eos `</s>`. Chat template: Gemma 2's,
+tests/data/templates/google-gemma-2-2b-it.jinja (llama.cpp's models/templates,
+unchanged). Shapes: n_embd 64, 4 layers, 4 q / 2 kv heads x 16, NeoX RoPE (base
+10000), layers 0 and 2 sliding over a window of 32 (`attention.sliding_window`; the
+pattern key left out: llama.cpp's default of 2), attention softcap 50, output
+softcap 30, GeGLU FFN of 128, tied embeddings (Gemma 2's output is always them).
+Weights as make_synth_text.py makes them: matrices ~ N(0, 1/fan_in) (q/k x4),
+per-tensor seeds crc32("gemma2/" + name); a tiny embedding (heavy-tailed row norms;
+the graph multiplies it by sqrt(64)) and a final-norm gain giving the logits a std of
+~10 before the softcap, so that greedy steps are rarely near ties. Norms F32,
+token_embd Q4_0, the other matrices Q8_0 (gguf.quants, as llama-quantize would
+quantize them).
+
+    python tests/data/gemma2/make_model.py OUT.gguf
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+import zlib
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+VOCAB_SOURCE = "/work/shared/golden/synth/models/synth-phi3-q4_k_m.gguf"
+TEMPLATE = pathlib.Path(__file__).resolve().parents[1] / "templates" / "google-gemma-2-2b-it.jinja"
+SPECIAL = {32011: "<start_of_turn>", 32012: "<end_of_turn>"}     # were [PAD32011], [PAD32012]
+CONTROL = 3
+
+ARCH = "gemma2"
+N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 64, 4, 4, 2, 16, 128
+N_CTX_TRAIN, ROPE_BASE, RMS_EPS, N_SWA = 8192, 10000.0, 1e-6, 32
+ATTN_SOFTCAP, FINAL_SOFTCAP = 50.0, 30.0
+LOGIT_STD, EMBD_STD, ROW_TAIL, QK_SCALE = 10.0, 0.05, 0.2, 4.0
+
+
+class Tensors:
+    def __init__(self, arch: str):
+        self.arch = arch
+        self.items = []      # (name, f32 array in numpy order = reversed ggml ne, ggml type)
+
+    def rng(self, name: str):
+        return np.random.default_rng(zlib.crc32(f"{self.arch}/{name}".encode()))
+
+    def add(self, name, arr, qtype=Q.F32):
+        self.items.append((name, np.ascontiguousarray(arr, dtype=np.float32), qtype))
+
+    def mat(self, name, ne, fan_in=None, scale=1.0, qtype=Q.Q8_0):
+        fan_in = fan_in or ne[0]
+        a = self.rng(name).standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale / np.sqrt(fan_in))
+        self.add(name, a, qtype)
+
+    def norm(self, name, n, center=1.0, spread=0.1):
+        self.add(name, center + spread * self.rng(name).standard_normal(n, dtype=np.float32))
+
+
+def _copy_vocab(w: gguf.GGUFWriter) -> int:
+    from ggserve.native.gguf_file import GGUFFile  # fast reader (gguf.GGUFReader is slow on a vocab)
+    m = GGUFFile(VOCAB_SOURCE).metadata
+    tokens, types = list(m["tokenizer.ggml.tokens"]), [int(t) for t in m["tokenizer.ggml.token_type"]]
+    for i, tok in SPECIAL.items():
+        assert tokens[i] == f"[PAD{i}]", tokens[i]
+        tokens[i], types[i] = tok, CONTROL
+    w.add_tokenizer_model(m["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(m["tokenizer.ggml.pre"])
+    w.add_token_list(tokens)
+    w.add_token_scores([float(s) for s in m["tokenizer.ggml.scores"]])
+    w.add_token_types(types)
+    w.add_bos_token_id(tokens.index("<s>"))
+    w.add_eos_token_id(tokens.index("</s>"))
+    w.add_unk_token_id(tokens.index("<unk>"))
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(TEMPLATE.read_text(encoding="utf-8"))
+    return len(tokens)
+
+
+def _hparams(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    for key, value in (("context_length", N_CTX_TRAIN), ("embedding_length", N_EMBD), ("block_count", N_LAYER),
+                       ("feed_forward_length", N_FF), ("attention.head_count", N_HEAD),
+                       ("attention.head_count_kv", N_HEAD_KV), ("attention.key_length", HEAD_DIM),
+                       ("attention.value_length", HEAD_DIM), ("attention.sliding_window", N_SWA),
+                       ("vocab_size", n_vocab)):
+        w.add_uint32(f"{ARCH}.{key}", value)
+    for key, value in (("attention.layer_norm_rms_epsilon", RMS_EPS), ("rope.freq_base", ROPE_BASE),
+                       ("attn_logit_softcapping", ATTN_SOFTCAP), ("final_logit_softcapping", FINAL_SOFTCAP)):
+        w.add_float32(f"{ARCH}.{key}", value)
+
+
+def _tensors(n_vocab: int) -> Tensors:
+    E, H, KV, D = N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM
+    ts = Tensors(ARCH)
+    # tied embedding, small after the x sqrt(n_embd) input scale; the final-norm gain sets the logits' scale
+    r = ts.rng("token_embd.weight")
+    emb = r.standard_normal((n_vocab, E), dtype=np.float32)
+    emb *= np.exp(ROW_TAIL * r.standard_normal((n_vocab, 1))).astype(np.float32) * np.float32(EMBD_STD / np.sqrt(E))
+    ts.add("token_embd.weight", emb, Q.Q4_0)
+    gain = LOGIT_STD / (float(np.sqrt(np.mean(np.square(emb), dtype=np.float64))) * np.sqrt(E))
+    ts.norm("output_norm.weight", E, center=gain, spread=0.1 * gain)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        ts.norm(p + "attn_norm.weight", E)
+        ts.mat(p + "attn_q.weight", [E, H * D], scale=QK_SCALE)
+        ts.mat(p + "attn_k.weight", [E, KV * D], scale=QK_SCALE)
+        ts.mat(p + "attn_v.weight", [E, KV * D])
+        ts.mat(p + "attn_output.weight", [H * D, E])
+        ts.norm(p + "post_attention_norm.weight", E)
+        ts.norm(p + "ffn_norm.weight", E)
+        ts.mat(p + "ffn_gate.weight", [E, N_FF])
+        ts.mat(p + "ffn_up.weight", [E, N_FF])
+        ts.mat(p + "ffn_down.weight", [N_FF, E])
+        ts.norm(p + "post_ffw_norm.weight", E)
+    return ts
+
+
+def build(path: str) -> None:
+    w = gguf.GGUFWriter(path, ARCH)
+    w.add_name("synth-gemma2")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_vocab = _copy_vocab(w)
+    _hparams(w, n_vocab)
+    for name, arr, qtype in _tensors(n_vocab).items:
+        if qtype == Q.F32:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    build(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth-gemma2-q8_0.gguf")
