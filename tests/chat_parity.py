@@ -46,12 +46,15 @@ def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str, pieces: int = 0) -> 
             "tool_calls": [(c["function"]["name"], _args(c["function"]["arguments"])) for c in out.calls]}
 
 
-def _args(text: str):
-    """Arguments compared as JSON values; a call cut off by max_tokens as minified text."""
+def _args(text: str) -> str:
+    """Arguments compared as text, whitespace included (llama-server answers the JSON families'
+    arguments as the model wrote them, the tagged families' minified); a call cut off by
+    max_tokens as minified text (ggserve's stream of it joins to the minified text)."""
     try:
-        return json.loads(text)
+        json.loads(text)
     except ValueError:
         return minify(text)
+    return text
 
 
 def theirs(msg: dict) -> dict:

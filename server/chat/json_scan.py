@@ -73,6 +73,12 @@ def value_end(s: str, i: int = 0) -> int | None:
     return None
 
 
+def as_written(s: str) -> str:
+    """A call's JSON arguments as the model wrote them, without the whitespace around them
+    (llama-server 11434 answers them so; while streaming, the part written so far)."""
+    return s.strip(" \t\r\n")
+
+
 def minify(s: str) -> str:
     """JSON text without the whitespace outside strings (works on prefixes)."""
     out, i, n = [], 0, len(s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
+from ggserve.server.chat.json_scan import Malformed, as_written, skip_ws, value_end
 from ggserve.server.chat.tools.gemma4 import Gemma4
 from ggserve.server.chat.tools.json_sections import (
     Apertus,
@@ -102,13 +102,13 @@ class _NameArgs(Format):
             end = value_end(text, a)
             if end is None:
                 if partial:
-                    raise _Incomplete(calls + [Call(name, minify(text[a:]), cid)])
+                    raise _Incomplete(calls + [Call(name, as_written(text[a:]), cid)])
                 raise Malformed("unterminated arguments")
             try:
                 json.loads(text[a:end])
             except ValueError as e:
                 raise Malformed(str(e)) from None
-            call = Call(name, minify(text[a:end]), cid)
+            call = Call(name, as_written(text[a:end]), cid)
             try:
                 i = _expect(text, end, self.call_close, partial) if self.call_close else end
             except _Incomplete:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
+from ggserve.server.chat.json_scan import Malformed, as_written, skip_ws, value_end
 from ggserve.server.chat.tools.syntax import Call, Format, _dumps, _expect, _Incomplete
 
 
@@ -82,7 +82,7 @@ class JsonSection(Format):
             if name is None:
                 raise _Incomplete([Call(None)])
             a_end = value_end(text, a) if a >= 0 else None
-            raise _Incomplete([Call(name, minify(text[a:a_end] if a_end else text[a:]) if a >= 0 else "")])
+            raise _Incomplete([Call(name, as_written(text[a:a_end] if a_end else text[a:]) if a >= 0 else "")])
         try:
             obj = json.loads(text[i:end])
         except ValueError as e:
@@ -90,7 +90,7 @@ class JsonSection(Format):
         if not isinstance(obj, dict) or name is None:
             raise Malformed("a tool call needs a name")
         args = obj.get(name) if self.name_is_key else obj.get(self.args_key, {})
-        raw = minify(text[a:value_end(text, a)]) if a >= 0 else _dumps(args)
+        raw = as_written(text[a:value_end(text, a)]) if a >= 0 else _dumps(args)
         cid = obj.get(self.id_key) if self.id_key else None
         return Call(name, args if isinstance(args, str) else raw, cid if isinstance(cid, str) else None), end
 
@@ -194,10 +194,10 @@ class FunctionaryV32(Format):
             end = value_end(text, m.end())
             if end is None:
                 if partial:
-                    return "", calls + [Call(m.group(1), minify(text[m.end():]))]
+                    return "", calls + [Call(m.group(1), as_written(text[m.end():]))]
                 raise Malformed("unterminated arguments")
             _string_or_value(text[m.end():end])
-            calls.append(Call(m.group(1), minify(text[m.end():end])))
+            calls.append(Call(m.group(1), as_written(text[m.end():end])))
             i = end
         if partial and re.fullmatch(r">{0,3}[\w.\-]*", text[i:]):
             return "", calls

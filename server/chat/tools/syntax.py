@@ -8,7 +8,7 @@ import re
 import string
 from dataclasses import dataclass, field
 
-from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
+from ggserve.server.chat.json_scan import Malformed, as_written, skip_ws, value_end
 
 _ID_CHARS = string.ascii_letters + string.digits
 
@@ -90,7 +90,7 @@ def json_call(text: str, i: int, partial: bool) -> tuple[Call, int]:
             raise Malformed(str(e)) from None
         a_end = value_end(text, head.end())
         args = text[head.end():a_end] if a_end is not None else text[head.end():]
-        raise _Incomplete([Call(name, minify(args))])
+        raise _Incomplete([Call(name, as_written(args))])
     try:
         obj = json.loads(text[i:end])
     except ValueError as e:
@@ -99,7 +99,7 @@ def json_call(text: str, i: int, partial: bool) -> tuple[Call, int]:
         raise Malformed("a tool call needs a name")
     args = obj.get("arguments", obj.get("parameters", {}))
     if head and value_end(text, head.end()) is not None:
-        raw = minify(text[head.end():value_end(text, head.end())])
+        raw = as_written(text[head.end():value_end(text, head.end())])
     else:
         raw = args if isinstance(args, str) else _dumps(args)
     cid = obj.get("id") if isinstance(obj.get("id"), str) else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ggserve.server.chat.json_scan import Malformed, minify, skip_ws, value_end
+from ggserve.server.chat.json_scan import Malformed, as_written, minify, skip_ws, value_end
 from ggserve.server.chat.tools.syntax import Call, Format, Parsed, _dumps, _expect, _Incomplete, _typed, held
 
 
@@ -203,7 +203,7 @@ class Harmony(Format):
             channel = head.split("<|channel|>", 1)[-1].split()[0] if "<|channel|>" in head else ""
             to = self._to.search(head)
             if to and tools:
-                out.calls.append(Call(to.group(1), minify(body)))
+                out.calls.append(Call(to.group(1), as_written(body)))
             elif channel == "analysis" and reasoning:
                 out.reasoning += body
             else:
