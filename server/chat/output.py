@@ -6,8 +6,9 @@ the same families; server/chat/tools/formats.py, tool_formats_xml.py, tool_synta
 partial)` reads a whole output or the prefix generated so far; `ChatOutput` feeds
 it the streamed text and returns only what is new: reasoning and content grow
 append-only (text that may still become a marker is held back), a tool call
-appears once its name is complete and its arguments then grow in pieces (minified
-JSON, so the streamed pieces join to exactly the non-streamed arguments).
+appears once its name is complete and its arguments then grow in pieces (as written for
+a JSON family, minified JSON built from tagged parameters: the streamed pieces join to
+exactly the non-streamed arguments).
 
 A call that is not valid at the end (broken JSON, a missing closer) leaves the
 whole output as content, as llama-server does.
