@@ -28,15 +28,21 @@ def template(name: str) -> ChatTemplate:
     return _TEMPLATES[name]
 
 
-def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str, pieces: int = 0) -> dict:
-    """The message ggserve returns for `raw` (fed whole, or streamed in pieces of that many characters)."""
+def ggserve_prompt(tmpl: ChatTemplate, body: dict) -> str:
+    """The prompt ggserve renders for a chat request."""
     req = S.ChatCompletionRequest.model_validate(body)
     opts = chat_options(req, CONFIG, tmpl)
     msgs, _ = template_messages(req)
     cont, agp = continuation(req, msgs)
-    prompt = render_chat(tmpl, opts.messages(msgs, tmpl), opts.tools, template_kwargs=opts.template_kwargs,
-                         continue_final=cont, add_generation_prompt=agp)
-    out = opts.output(prompt, prefill(req))()
+    return render_chat(tmpl, opts.messages(msgs, tmpl), opts.tools, template_kwargs=opts.template_kwargs,
+                       continue_final=cont, add_generation_prompt=agp)
+
+
+def ggserve_parse(tmpl: ChatTemplate, body: dict, raw: str, pieces: int = 0) -> dict:
+    """The message ggserve returns for `raw` (fed whole, or streamed in pieces of that many characters)."""
+    req = S.ChatCompletionRequest.model_validate(body)
+    opts = chat_options(req, CONFIG, tmpl)
+    out = opts.output(ggserve_prompt(tmpl, body), prefill(req))()
     content = reasoning = ""
     for i in range(0, len(raw), pieces or len(raw) or 1):
         d = out.feed(raw[i:i + (pieces or len(raw))])

@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from chat_parity import DATA, ggserve_parse, template, theirs
+from chat_parity import DATA, ggserve_parse, ggserve_prompt, template, theirs
 
 # a raw text with U+FFFD is not the text llama-server parsed: its JSON answer replaced the
 # bytes of a character cut off by max_tokens (which its parser leaves out)
@@ -28,6 +28,18 @@ def test_parsed_as_llama_server_parsed_it(rec):
 @pytest.mark.parametrize("rec", RECORDS, ids=IDS)
 def test_streamed_one_character_at_a_time_the_same(rec):
     assert ggserve_parse(template(rec["template"]), rec["request"], rec["raw"], pieces=1) == theirs(rec["message"])
+
+
+with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-8") as f:
+    WHOLE_CALL_PROMPTS = [r for r in json.load(f)["records"] if "prompt" in r]     # refused ones too
+
+
+@pytest.mark.parametrize("rec", WHOLE_CALL_PROMPTS,
+                         ids=[f"{r['template']}-{i}" for i, r in enumerate(WHOLE_CALL_PROMPTS)])
+def test_continued_call_prompt_rendered_as_llama_server_renders_it(rec):
+    """The prompt of a whole call continued (with reasoning_content where the record has it)
+    equals llama-server's /apply-template rendering of the same request."""
+    assert ggserve_prompt(template(rec["template"]), rec["request"]) == rec["prompt"]
 
 
 def test_records_cover_every_template_and_each_tool_call_family():

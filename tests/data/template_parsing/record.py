@@ -145,7 +145,8 @@ NOTHINK = ["deepseek-ai-DeepSeek-V3.1", "GLM-4.7-Flash", "Kimi-K2-Thinking", "Co
 # "whole_call": a whole call in the family's syntax as the final assistant message (WHOLE_CALLS), and
 # SmolLM2's EOS (token 2, <|im_end|>) forced, so the model ends at once and llama-server parses the
 # prefill as the answer: one call (tool_choice "auto", "required"), two parallel calls, and where the
-# template reasons, the call after a think block (the message's reasoning_content)
+# template reasons, the call after a think block (the message's reasoning_content); each record
+# keeps the request's /apply-template rendering too ("prompt")
 EOS_NOW = {"2": 100}
 
 
@@ -225,9 +226,11 @@ def record_template(binary: str, model: str, template: str, max_tokens: int, kin
             except httpx.TransportError as e:      # the server died: what it answered so far stands
                 print(template, kind, "->", e, file=sys.stderr)
                 break
+            # a whole call's prompt too: the rendering of a continued message with its reasoning
+            rendered = _rendered(url, req) if kind == "whole_call" else {}
             if r.status_code != 200:
                 records.append({"template": template, "kind": kind, "request": req, "status": r.status_code,
-                                "error": r.text[:300]})
+                                "error": r.text[:300], **rendered})
                 continue
             out = r.json()
             choice = out["choices"][0]
@@ -237,11 +240,17 @@ def record_template(binary: str, model: str, template: str, max_tokens: int, kin
                 "raw": out.get("__verbose", {}).get("content"), "finish_reason": choice["finish_reason"],
                 "message": {"content": msg.get("content"), "reasoning_content": msg.get("reasoning_content"),
                             "tool_calls": [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                                           for c in msg.get("tool_calls") or []]}})
+                                           for c in msg.get("tool_calls") or []]}, **rendered})
     finally:
         proc.terminate()
         proc.wait(30)
     return records
+
+
+def _rendered(url: str, req: dict) -> dict:
+    """llama-server's /apply-template answer for the request: {"prompt"} (or its refusal)."""
+    r = httpx.post(url + "/apply-template", timeout=600, json=req)
+    return {"prompt": r.json()["prompt"]} if r.status_code == 200 else {"prompt_status": r.status_code}
 
 
 def main() -> int:
