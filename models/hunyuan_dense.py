@@ -25,6 +25,7 @@ from ggserve.native import ggml
 @register("hunyuan-dense")
 class HunyuanDenseModel(Decoder):
     rope_type = ggml.ROPE_NEOX
+    ntk_alpha = True            # hunyuan-moe's loader leaves the base as the file gives it
 
     def __init__(self, meta: dict, tensors: dict, path: str = ""):
         hp = HParams(meta, path)
@@ -35,7 +36,7 @@ class HunyuanDenseModel(Decoder):
         if hp.get("rope.dimension_sections"):
             raise ModelError(f"{path}: hunyuan-dense with M-RoPE sections (Hunyuan-VL) is not supported")
         self.rope_scaling = RopeScaling.from_hparams(hp)
-        alpha = hp.get("rope.scaling.alpha", 0.0)
+        alpha = hp.get("rope.scaling.alpha", 0.0) if self.ntk_alpha else 0.0
         if alpha > 0:
             f32, d = np.float32, self.head_dim
             base = f32(self.rope_scaling.freq_base) * np.power(f32(alpha), f32(d) / f32(d - 2), dtype=f32)
@@ -45,8 +46,10 @@ class HunyuanDenseModel(Decoder):
         w = Weights(tensors, path)
         w.embeddings_and_output(self)
         self.rope_freqs = w.get("rope_freqs.weight", (self.n_rot // 2,), required=False)
-        self.layers = [blocks.Layer(w, i, blocks.attention_weights(self, qk_norm=True, qkv_bias=True),
-                                    blocks.ffn_weights(self)) for i in range(self.n_layer)]
+        self.layers = [self._layer(hp, w, i) for i in range(self.n_layer)]
+
+    def _layer(self, hp: HParams, w: Weights, i: int) -> blocks.Layer:
+        return blocks.Layer(w, i, blocks.attention_weights(self, qk_norm=True, qkv_bias=True), blocks.ffn_weights(self))
 
     def attention(self, g, inp, il, L, h, temp):
         """q/k normed after RoPE (the shared step norms them before)."""

@@ -1,0 +1,132 @@
+"""A tiny random-weight hunyuan-moe GGUF (Tencent Hunyuan-A13B: hunyuan-dense's
+attention, and in every layer a shared SwiGLU expert plus softmax top-2 of 8 routed
+experts), written with the `gguf` package, deterministically.
+
+Vocabulary: no Hunyuan vocabulary in llama.cpp's models/: the gpt-2 one of
+../shared/golden/synth's synth-mistral3 model. No chat template (llama-server then
+formats chats as ChatML). Shapes: n_embd 64, 4 layers, 4 q / 2 kv heads x 16, NeoX
+RoPE over all 16 dims, base 10000 (`rope.scaling.alpha` 2 is written too: llama.cpp's
+hunyuan-moe loader ignores it), experts of 64 (`feed_forward_length`, and `expert_feed_forward_length`
+which llama.cpp requires), shared expert
+of 128, router x3, RMS eps 1e-5, tied embeddings. Weights as make_synth_text.py makes
+them: matrices ~ N(0, 1/fan_in), q/k norm gains ~ 3 (peaked attention), per-tensor
+seeds crc32("hunyuan-moe/" + name); a tiny tied embedding (heavy-tailed row norms) and
+a final-norm gain giving the logits a std of ~10, so that greedy steps are rarely near
+ties. Norms F32, token_embd Q4_0, the other matrices Q8_0 (gguf.quants, as
+llama-quantize would quantize them).
+
+    python tests/data/hunyuan_moe/make_model.py OUT.gguf
+"""
+from __future__ import annotations
+
+import sys
+import zlib
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+ARCH = "hunyuan-moe"
+VOCAB_SOURCE = "/work/shared/golden/synth/models/synth-mistral3-q8_0.gguf"
+
+N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 64, 4, 4, 2, 16, 64
+N_EXPERT, N_EXPERT_USED, N_FF_SHEXP, ROUTER_SCALE = 8, 2, 128, 3.0
+N_CTX_TRAIN, ROPE_BASE, ROPE_ALPHA, RMS_EPS = 32768, 10000.0, 2.0, 1e-5
+LOGIT_STD, EMBD_STD, ROW_TAIL, QK_NORM_GAIN = 10.0, 0.05, 0.2, 3.0
+
+
+def _rng(name: str):
+    return np.random.default_rng(zlib.crc32(f"{ARCH}/{name}".encode()))
+
+
+class Tensors:
+    def __init__(self):
+        self.items = []      # (name, f32 array in numpy order = reversed ggml ne, ggml type)
+
+    def add(self, name, arr, qtype=Q.F32):
+        self.items.append((name, np.ascontiguousarray(arr, dtype=np.float32), qtype))
+
+    def mat(self, name, ne, fan_in=None, scale=1.0, qtype=Q.Q8_0):
+        fan_in = fan_in or ne[0]
+        a = _rng(name).standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale / np.sqrt(fan_in))
+        self.add(name, a, qtype)
+
+    def norm(self, name, n, center=1.0, spread=0.1):
+        self.add(name, center + spread * _rng(name).standard_normal(n, dtype=np.float32))
+
+
+def _copy_vocab(w: gguf.GGUFWriter) -> int:
+    from ggserve.native.gguf_file import GGUFFile  # fast reader (gguf.GGUFReader is slow on a vocab)
+    m = GGUFFile(VOCAB_SOURCE).metadata
+    w.add_tokenizer_model(m["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(m["tokenizer.ggml.pre"])
+    w.add_token_list(m["tokenizer.ggml.tokens"])
+    w.add_token_types([int(t) for t in m["tokenizer.ggml.token_type"]])
+    w.add_token_merges(m["tokenizer.ggml.merges"])
+    w.add_bos_token_id(m["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(m["tokenizer.ggml.eos_token_id"])
+    return len(m["tokenizer.ggml.tokens"])
+
+
+def _hparams(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    for key, value in (("context_length", N_CTX_TRAIN), ("embedding_length", N_EMBD), ("block_count", N_LAYER),
+                       ("feed_forward_length", N_FF), ("attention.head_count", N_HEAD),
+                       ("attention.head_count_kv", N_HEAD_KV), ("rope.dimension_count", HEAD_DIM),
+                       ("vocab_size", n_vocab), ("expert_count", N_EXPERT), ("expert_used_count", N_EXPERT_USED),
+                       ("expert_feed_forward_length", N_FF), ("expert_shared_feed_forward_length", N_FF_SHEXP)):
+        w.add_uint32(f"{ARCH}.{key}", value)
+    for key, value in (("attention.layer_norm_rms_epsilon", RMS_EPS), ("rope.freq_base", ROPE_BASE),
+                       ("rope.scaling.alpha", ROPE_ALPHA)):
+        w.add_float32(f"{ARCH}.{key}", value)
+
+
+def _tensors(n_vocab: int) -> Tensors:
+    E, H, KV, D = N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM
+    ts = Tensors()
+    # tied embedding, small; the final-norm gain sets the logits' scale
+    r = _rng("token_embd.weight")
+    emb = r.standard_normal((n_vocab, E), dtype=np.float32)
+    emb *= np.exp(ROW_TAIL * r.standard_normal((n_vocab, 1))).astype(np.float32) * np.float32(EMBD_STD)
+    ts.add("token_embd.weight", emb, Q.Q4_0)
+    gain = LOGIT_STD / (float(np.sqrt(np.mean(np.square(emb), dtype=np.float64))) * np.sqrt(E))
+    ts.norm("output_norm.weight", E, center=gain, spread=0.1 * gain)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        ts.norm(p + "attn_norm.weight", E)
+        ts.mat(p + "attn_q.weight", [E, H * D])
+        ts.mat(p + "attn_k.weight", [E, KV * D])
+        ts.mat(p + "attn_v.weight", [E, KV * D])
+        ts.norm(p + "attn_q_norm.weight", D, center=QK_NORM_GAIN, spread=0.3)
+        ts.norm(p + "attn_k_norm.weight", D, center=QK_NORM_GAIN, spread=0.3)
+        ts.mat(p + "attn_output.weight", [H * D, E])
+        ts.norm(p + "ffn_norm.weight", E)
+        ts.mat(p + "ffn_gate_inp.weight", [E, N_EXPERT], scale=ROUTER_SCALE, qtype=Q.F32)
+        ts.mat(p + "ffn_gate_exps.weight", [E, N_FF, N_EXPERT], fan_in=E)
+        ts.mat(p + "ffn_up_exps.weight", [E, N_FF, N_EXPERT], fan_in=E)
+        ts.mat(p + "ffn_down_exps.weight", [N_FF, E, N_EXPERT], fan_in=N_FF)
+        ts.mat(p + "ffn_gate_shexp.weight", [E, N_FF_SHEXP])
+        ts.mat(p + "ffn_up_shexp.weight", [E, N_FF_SHEXP])
+        ts.mat(p + "ffn_down_shexp.weight", [N_FF_SHEXP, E])
+    return ts
+
+
+def build(path: str) -> None:
+    w = gguf.GGUFWriter(path, ARCH)
+    w.add_name("synth-hunyuan-moe")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_vocab = _copy_vocab(w)
+    _hparams(w, n_vocab)
+    for name, arr, qtype in _tensors(n_vocab).items:
+        if qtype == Q.F32:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    build(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth-hunyuan-moe-q8_0.gguf")
