@@ -5,11 +5,11 @@ tests/data/ernie4_5/make_model.py writes at test time (golden.json and
 golden_moe.json beside it: llama-server's answers on those very files, by sha256,
 made with the shared make_synth_golden.py; README.md there says how)."""
 import hashlib
-import importlib.util
 import json
 import pathlib
 import re
 
+import data_scripts
 import httpx
 import pytest
 from engine_helpers import GREEDY, generate, generate_requests, tokens
@@ -36,10 +36,7 @@ def _cases(field: str) -> list:
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, str]:
-    # by path under its own name: other tests' make_model modules must not stand in for it in sys.modules
-    spec = importlib.util.spec_from_file_location("ernie4_5_make_model", DATA / "make_model.py")
-    make_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_model)
+    make_model = data_scripts.make_model(DATA)
     folder = tmp_path_factory.mktemp("ernie4_5")
     paths = {}
     for arch, golden in GOLDEN.items():

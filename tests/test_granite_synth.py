@@ -5,11 +5,11 @@ test time (golden.json beside it: llama-server's answers on that very file, by
 sha256, made with the shared make_synth_golden.py; README.md there says how)."""
 import datetime
 import hashlib
-import importlib.util
 import json
 import pathlib
 import re
 
+import data_scripts
 import httpx
 import pytest
 from engine_helpers import GREEDY, generate, generate_requests, tokens
@@ -35,10 +35,7 @@ DAY = datetime.datetime.fromisoformat(GOLDEN["date"]).replace(hour=12)
 
 
 def _write_model(tmp_path_factory, golden: dict, rope: bool) -> str:
-    # by path under its own name: other tests' make_model modules must not stand in for it in sys.modules
-    spec = importlib.util.spec_from_file_location("granite_make_model", DATA / "make_model.py")
-    make_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_model)
+    make_model = data_scripts.make_model(DATA)
     path = str(tmp_path_factory.mktemp("granite") / golden["model_file"])
     make_model.build(path, rope=rope)
     with open(path, "rb") as f:

@@ -8,8 +8,8 @@ import hashlib
 import json
 import pathlib
 import re
-import sys
 
+import data_scripts
 import httpx
 import pytest
 from engine_helpers import GREEDY, generate, generate_requests, tokens
@@ -34,11 +34,7 @@ DAY = datetime.datetime.fromisoformat(GOLDEN["date"]).replace(hour=12)
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> str:
-    sys.path.insert(0, str(DATA))
-    try:
-        import make_model
-    finally:
-        sys.path.remove(str(DATA))
+    make_model = data_scripts.make_model(DATA)
     path = str(tmp_path_factory.mktemp("granitemoe") / GOLDEN["model_file"])
     make_model.build(path)
     with open(path, "rb") as f:

@@ -4,11 +4,11 @@ tiny random-weight model that tests/data/hunyuan_dense/make_model.py writes at
 test time (golden.json beside it: llama-server's answers on that very file, by
 sha256, made with the shared make_synth_golden.py; README.md there says how)."""
 import hashlib
-import importlib.util
 import json
 import pathlib
 import re
 
+import data_scripts
 import httpx
 import pytest
 from engine_helpers import GREEDY, generate, generate_requests, tokens
@@ -29,10 +29,7 @@ TOKENIZE_VARIANTS = {"nobos_special": (False, True), "bos_special": (True, True)
 
 
 def _write_model(tmp_path_factory, golden: dict) -> str:
-    # by path under its own name: other tests' make_model modules must not stand in for it in sys.modules
-    spec = importlib.util.spec_from_file_location("hunyuan_dense_make_model", DATA / "make_model.py")
-    make_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_model)
+    make_model = data_scripts.make_model(DATA)
     path = str(tmp_path_factory.mktemp("hunyuan-dense") / golden["model_file"])
     make_model.build(path)
     with open(path, "rb") as f:

@@ -5,11 +5,11 @@ tests/data/hunyuan_moe/make_model.py writes at
 test time (golden.json beside it: llama-server's answers on that very file, by
 sha256, made with the shared make_synth_golden.py; README.md there says how)."""
 import hashlib
-import importlib.util
 import json
 import pathlib
 import re
 
+import data_scripts
 import httpx
 import pytest
 from engine_helpers import GREEDY, generate, generate_requests, tokens
@@ -30,10 +30,7 @@ TOKENIZE_VARIANTS = {"nobos_special": (False, True), "bos_special": (True, True)
 
 
 def _write_model(tmp_path_factory, golden: dict) -> str:
-    # by path under its own name: other tests' make_model modules must not stand in for it in sys.modules
-    spec = importlib.util.spec_from_file_location("hunyuan_moe_make_model", DATA / "make_model.py")
-    make_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_model)
+    make_model = data_scripts.make_model(DATA)
     path = str(tmp_path_factory.mktemp("hunyuan-moe") / golden["model_file"])
     make_model.build(path)
     with open(path, "rb") as f:

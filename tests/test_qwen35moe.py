@@ -5,18 +5,18 @@ beside it: llama-server's greedy answers on that very file, by sha256)."""
 import hashlib
 import json
 import pathlib
-import sys
 
+import data_scripts
 import httpx
 import pytest
+from engine_helpers import generate, max_logprob_deviation, tokens
+from server_harness import RunningServer
 
 from ggserve.models.registry import ModelError, model_class
 from ggserve.models.tokenizer.tokenizer import Tokenizer
 from ggserve.native.gguf_file import GGUFFile
-from ggserve.server.engine.engine import EngineConfig, Engine
 from ggserve.server.app import ServerConfig, create_app
-from engine_helpers import generate, max_logprob_deviation, tokens
-from server_harness import RunningServer
+from ggserve.server.engine.engine import Engine, EngineConfig
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "qwen35moe"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
@@ -27,11 +27,7 @@ LOGPROB_TOL = 0.01
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> str:
-    sys.path.insert(0, str(DATA))
-    try:
-        import make_model
-    finally:
-        sys.path.remove(str(DATA))
+    make_model = data_scripts.make_model(DATA)
     path = str(tmp_path_factory.mktemp("qwen35moe") / "synth-qwen35moe-q8_0.gguf")
     make_model.build(path)
     with open(path, "rb") as f:
@@ -137,7 +133,7 @@ def test_served_completion_equals_llama_server(model_file):
     out = r.json()
     assert out["usage"]["prompt_tokens"] == len(golden["prompt_ids"])
     vocab = Tokenizer.from_gguf(model_file)             # golden ids -> their text in the GGUF's vocabulary
-    text = lambda *ids: b"".join(vocab.token_bytes(i) for i in ids).decode("utf-8", "replace")  # noqa: E731
+    text = lambda *ids: b"".join(vocab.token_bytes(i) for i in ids).decode("utf-8", "replace")
     assert out["choices"][0]["text"] == text(*golden["generated_ids"][:24])
     for mine, step in zip(out["choices"][0]["logprobs"]["top_logprobs"], golden["steps"][:24]):
         theirs = {text(t["id"]): t["logprob"] for t in step["top_logprobs"]}
