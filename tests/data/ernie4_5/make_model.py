@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import pathlib
 import sys
-import zlib
 
 import gguf
-import numpy as np
 from gguf import GGMLQuantizationType as Q
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/data: the shared writer
+import synth_gguf
 
 VOCAB_SOURCE = "/work/shared/golden/synth/models/synth-phi3-q4_k_m.gguf"
 TEMPLATE = pathlib.Path(__file__).resolve().parent / "ernie-4.5.jinja"
@@ -38,26 +39,6 @@ N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF = 64, 4, 4, 2, 16, 128
 N_EXPERT, N_EXPERT_USED, N_FF_EXP, N_FF_SHEXP, N_DENSE_LEAD = 8, 2, 64, 64, 1
 N_CTX_TRAIN, ROPE_BASE, RMS_EPS = 131072, 500000.0, 1e-5
 LOGIT_STD, EMBD_STD, ROW_TAIL, ROUTER_SCALE, QK_SCALE, PROBS_B_STD = 10.0, 0.05, 0.2, 3.0, 4.0, 0.05
-
-
-class Tensors:
-    def __init__(self, arch: str):
-        self.arch = arch
-        self.items = []      # (name, f32 array in numpy order = reversed ggml ne, ggml type)
-
-    def rng(self, name: str):
-        return np.random.default_rng(zlib.crc32(f"{self.arch}/{name}".encode()))
-
-    def add(self, name, arr, qtype=Q.F32):
-        self.items.append((name, np.ascontiguousarray(arr, dtype=np.float32), qtype))
-
-    def mat(self, name, ne, fan_in=None, scale=1.0, qtype=Q.Q8_0):
-        fan_in = fan_in or ne[0]
-        a = self.rng(name).standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale / np.sqrt(fan_in))
-        self.add(name, a, qtype)
-
-    def norm(self, name, n, center=1.0, spread=0.1):
-        self.add(name, center + spread * self.rng(name).standard_normal(n, dtype=np.float32))
 
 
 def _copy_vocab(w: gguf.GGUFWriter) -> int:
@@ -96,15 +77,11 @@ def _hparams(w: gguf.GGUFWriter, arch: str, n_vocab: int, moe: bool) -> None:
         w.add_float32(f"{arch}.{key}", value)
 
 
-def _tensors(arch: str, n_vocab: int, moe: bool) -> Tensors:
+def _tensors(arch: str, n_vocab: int, moe: bool) -> synth_gguf.Tensors:
     E, H, KV, D = N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM
-    ts = Tensors(arch)
+    ts = synth_gguf.Tensors(arch)
     # tied embedding, small; the final-norm gain sets the logits' scale
-    r = ts.rng("token_embd.weight")
-    emb = r.standard_normal((n_vocab, E), dtype=np.float32)
-    emb *= np.exp(ROW_TAIL * r.standard_normal((n_vocab, 1))).astype(np.float32) * np.float32(EMBD_STD)
-    ts.add("token_embd.weight", emb, Q.Q4_0)
-    gain = LOGIT_STD / (float(np.sqrt(np.mean(np.square(emb), dtype=np.float64))) * np.sqrt(E))
+    gain = ts.tied_embedding(n_vocab, E, EMBD_STD, ROW_TAIL, LOGIT_STD)
     ts.norm("output_norm.weight", E, center=gain, spread=0.1 * gain)
     for i in range(N_LAYER):
         p = f"blk.{i}."
@@ -132,21 +109,10 @@ def _tensors(arch: str, n_vocab: int, moe: bool) -> Tensors:
 
 def build(path: str, moe: bool = False) -> None:
     arch = "ernie4_5-moe" if moe else "ernie4_5"
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(f"synth-{arch}")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w = synth_gguf.writer(path, arch, f"synth-{arch}")
     n_vocab = _copy_vocab(w)
     _hparams(w, arch, n_vocab, moe)
-    for name, arr, qtype in _tensors(arch, n_vocab, moe).items:
-        if qtype == Q.F32:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    synth_gguf.write(w, _tensors(arch, n_vocab, moe))
 
 
 if __name__ == "__main__":

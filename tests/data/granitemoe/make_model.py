@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import pathlib
 import sys
-import zlib
 
 import gguf
-import numpy as np
 from gguf import GGMLQuantizationType as Q
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/data: the shared writer
+import synth_gguf
 
 ARCH = "granitemoe"
 VOCAB_SOURCE = "/work/shared/golden/synth/models/synth-granitehybrid-q8_0.gguf"
@@ -40,39 +41,10 @@ EMBEDDING_SCALE, ATTENTION_SCALE, RESIDUAL_SCALE, LOGIT_SCALE = 12.0, 0.0078125,
 LOGIT_STD, EMBD_STD, ROW_TAIL, ROUTER_SCALE, QK_SCALE, OUT_SCALE = 10.0, 0.05, 0.2, 3.0, 4.0, 3.0
 
 
-def _rng(name: str):
-    return np.random.default_rng(zlib.crc32(f"{ARCH}/{name}".encode()))
-
-
-class Tensors:
-    def __init__(self):
-        self.items = []      # (name, f32 array in numpy order = reversed ggml ne, ggml type)
-
-    def add(self, name, arr, qtype=Q.F32):
-        self.items.append((name, np.ascontiguousarray(arr, dtype=np.float32), qtype))
-
-    def mat(self, name, ne, fan_in=None, scale=1.0, qtype=Q.Q8_0):
-        fan_in = fan_in or ne[0]
-        a = _rng(name).standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale / np.sqrt(fan_in))
-        self.add(name, a, qtype)
-
-    def norm(self, name, n, center=1.0, spread=0.1):
-        self.add(name, center + spread * _rng(name).standard_normal(n, dtype=np.float32))
-
-
 def _copy_vocab(w: gguf.GGUFWriter) -> int:
-    from ggserve.native.gguf_file import GGUFFile  # fast reader (gguf.GGUFReader is slow on a vocab)
-    m = GGUFFile(VOCAB_SOURCE).metadata
-    w.add_tokenizer_model(m["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(m["tokenizer.ggml.pre"])
-    w.add_token_list(m["tokenizer.ggml.tokens"])
-    w.add_token_types([int(t) for t in m["tokenizer.ggml.token_type"]])
-    w.add_token_merges(m["tokenizer.ggml.merges"])
-    w.add_bos_token_id(m["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(m["tokenizer.ggml.eos_token_id"])
-    w.add_unk_token_id(m["tokenizer.ggml.unknown_token_id"])
+    n_vocab = synth_gguf.copy_bpe_vocab(w, VOCAB_SOURCE)
     w.add_chat_template(TEMPLATE.read_text(encoding="utf-8"))
-    return len(m["tokenizer.ggml.tokens"])
+    return n_vocab
 
 
 def _hparams(w: gguf.GGUFWriter, n_vocab: int) -> None:
@@ -89,16 +61,12 @@ def _hparams(w: gguf.GGUFWriter, n_vocab: int) -> None:
         w.add_float32(f"{A}.{key}", value)
 
 
-def _tensors(n_vocab: int) -> Tensors:
+def _tensors(n_vocab: int) -> synth_gguf.Tensors:
     E, H, KV, D = N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM
-    ts = Tensors()
+    ts = synth_gguf.Tensors(ARCH)
     # tied embedding, small after the x12 input scale; the final-norm gain sets the logits' scale (x logit_scale,
     # which the graph divides out)
-    r = _rng("token_embd.weight")
-    emb = r.standard_normal((n_vocab, E), dtype=np.float32)
-    emb *= np.exp(ROW_TAIL * r.standard_normal((n_vocab, 1))).astype(np.float32) * np.float32(EMBD_STD / EMBEDDING_SCALE)
-    ts.add("token_embd.weight", emb, Q.Q4_0)
-    gain = LOGIT_STD * LOGIT_SCALE / (float(np.sqrt(np.mean(np.square(emb), dtype=np.float64))) * np.sqrt(E))
+    gain = ts.tied_embedding(n_vocab, E, EMBD_STD / EMBEDDING_SCALE, ROW_TAIL, LOGIT_STD * LOGIT_SCALE)
     ts.norm("output_norm.weight", E, center=gain, spread=0.1 * gain)
     for i in range(N_LAYER):
         p = f"blk.{i}."
@@ -119,21 +87,10 @@ def _tensors(n_vocab: int) -> Tensors:
 
 
 def build(path: str) -> None:
-    w = gguf.GGUFWriter(path, ARCH)
-    w.add_name("synth-granitemoe")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w = synth_gguf.writer(path, ARCH, "synth-granitemoe")
     n_vocab = _copy_vocab(w)
     _hparams(w, n_vocab)
-    for name, arr, qtype in _tensors(n_vocab).items:
-        if qtype == Q.F32:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    synth_gguf.write(w, _tensors(n_vocab))
 
 
 if __name__ == "__main__":

@@ -18,12 +18,15 @@ gate, conv and the delta net's vectors F32; token_embd Q4_0; other matrices Q8_0
 """
 from __future__ import annotations
 
+import pathlib
 import sys
-import zlib
 
-import numpy as np
 import gguf
+import numpy as np
 from gguf import GGMLQuantizationType as Q
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # tests/data: the shared writer
+import synth_gguf
 
 ARCH = "qwen35moe"
 VOCAB_SOURCE = "/work/shared/golden/synth/models/synth-qwen35-q8_0.gguf"
@@ -37,28 +40,8 @@ N_CTX_TRAIN, ROPE_BASE, RMS_EPS = 262144, 1e7, 1e-6
 LOGIT_STD, EMBD_STD, ROW_TAIL, ROUTER_SCALE = 10.0, 0.05, 0.2, 3.0
 
 
-def _rng(name: str):
-    return np.random.default_rng(zlib.crc32(f"{ARCH}/{name}".encode()))
-
-
-class Tensors:
-    def __init__(self):
-        self.items = []      # (name, f32 array in numpy order = reversed ggml ne, ggml type)
-
-    def add(self, name, arr, qtype=Q.F32):
-        self.items.append((name, np.ascontiguousarray(arr, dtype=np.float32), qtype))
-
-    def mat(self, name, ne, fan_in=None, scale=1.0, qtype=Q.Q8_0):
-        fan_in = fan_in or ne[0]
-        a = _rng(name).standard_normal(tuple(reversed(ne)), dtype=np.float32) * np.float32(scale / np.sqrt(fan_in))
-        self.add(name, a, qtype)
-
-    def norm(self, name, n, center=1.0, spread=0.1):
-        self.add(name, center + spread * _rng(name).standard_normal(n, dtype=np.float32))
-
-
 def _copy_vocab(w: gguf.GGUFWriter) -> int:
-    from ggserve.native.gguf_file import GGUFFile     # fast reader (gguf.GGUFReader takes ~20 s on the vocab)
+    from ggserve.native.gguf_file import GGUFFile  # fast reader (gguf.GGUFReader takes ~20 s on the vocab)
     m = GGUFFile(VOCAB_SOURCE).metadata
     w.add_tokenizer_model(m["tokenizer.ggml.model"])
     w.add_tokenizer_pre(m["tokenizer.ggml.pre"])
@@ -77,10 +60,7 @@ def build(path: str) -> None:
     A, E, H, KV, D = ARCH, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM
     key_dim, value_dim = D_STATE * N_GROUP, D_STATE * DT_RANK
     conv_dim = 2 * key_dim + value_dim
-    w = gguf.GGUFWriter(path, ARCH)
-    w.add_name("synth-qwen35moe")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w = synth_gguf.writer(path, ARCH, "synth-qwen35moe")
     n_vocab = _copy_vocab(w)
     for key, value in (("context_length", N_CTX_TRAIN), ("embedding_length", E), ("block_count", N_LAYER),
                        ("attention.head_count", H), ("attention.head_count_kv", KV),
@@ -97,13 +77,9 @@ def build(path: str) -> None:
     w.add_float32(f"{A}.rope.freq_base", ROPE_BASE)
     w.add_array(f"{A}.rope.dimension_sections", ROPE_SECTIONS)
 
-    ts = Tensors()
+    ts = synth_gguf.Tensors(ARCH)
     # tied embedding: small, heavy-tailed row norms; the final-norm gain sets the logits' scale
-    r = _rng("token_embd.weight")
-    emb = r.standard_normal((n_vocab, E), dtype=np.float32)
-    emb *= np.exp(ROW_TAIL * r.standard_normal((n_vocab, 1))).astype(np.float32) * np.float32(EMBD_STD)
-    ts.add("token_embd.weight", emb, Q.Q4_0)
-    gain = LOGIT_STD / (float(np.sqrt(np.mean(np.square(emb), dtype=np.float64))) * np.sqrt(E))
+    gain = ts.tied_embedding(n_vocab, E, EMBD_STD, ROW_TAIL, LOGIT_STD)
     ts.norm("output_norm.weight", E, center=gain, spread=0.1 * gain)
     for i in range(N_LAYER):
         p = f"blk.{i}."
@@ -117,7 +93,7 @@ def build(path: str) -> None:
             ts.norm(p + "attn_q_norm.weight", D, center=2.0, spread=0.3)
             ts.norm(p + "attn_k_norm.weight", D, center=2.0, spread=0.3)
         else:
-            r = _rng(p + "ssm")
+            r = ts.rng(p + "ssm")
             ts.mat(p + "attn_qkv.weight", [E, conv_dim])
             ts.mat(p + "attn_gate.weight", [E, value_dim])
             ts.mat(p + "ssm_conv1d.weight", [D_CONV, conv_dim], qtype=Q.F32)
@@ -136,15 +112,7 @@ def build(path: str) -> None:
         ts.mat(p + "ffn_up_shexp.weight", [E, N_FF_SHEXP])
         ts.mat(p + "ffn_down_shexp.weight", [N_FF_SHEXP, E])
 
-    for name, arr, qtype in ts.items:
-        if qtype == Q.F32:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    synth_gguf.write(w, ts)
 
 
 if __name__ == "__main__":
