@@ -30,6 +30,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import envelope, write_json  # noqa: E402
 
+import ggserve.native  # noqa: E402
+from ggserve.native import cpu_variants  # noqa: E402
 from ggserve.server.engine.engine import EngineConfig, Engine, Request  # noqa: E402
 from ggserve.server.cli.generate import default_model_path  # noqa: E402
 from ggserve.server.engine.sampling.sampler import SamplingParams  # noqa: E402
@@ -73,7 +75,7 @@ def bench_ggserve(model: str, threads: int, n_prompt: int, n_gen: int, reps: int
     engine.close()
     return {
         "impl": "ggserve" if parity and cpu_kernels else "ggserve-noparity" if cpu_kernels else "ggserve-ggml-kernels",
-        "threads": threads, "depth": depth, "ngl": ngl,
+        "threads": threads, "depth": depth, "ngl": ngl, "cpu_variant": ggserve.native.CPU_VARIANT,
         "pp_tps": statistics.median(pp), "tg_tps": statistics.median(tg),
         "python_overhead_share": statistics.median(overhead),
     }
@@ -186,7 +188,8 @@ def main(argv=None) -> int:
         vals = [r[key] for r in results if r["impl"] == impl]
         return statistics.median(vals) if vals else None
 
-    print(f"model {os.path.basename(model)}, {args.threads} threads, {args.n_gpu_layers} layers on the GPU")
+    print(f"model {os.path.basename(model)}, {args.threads} threads, {args.n_gpu_layers} layers on the GPU, "
+          f"ggserve's ggml CPU variant {ggserve.native.CPU_VARIANT} ({cpu_variants.ENV})")
     print(f"{'':12}{'pp' + str(args.n_prompt) + ' tok/s':>16}{'tg' + str(args.n_gen) + ' tok/s':>16}")
     print(f"{'ggserve':12}{med('ggserve', 'pp_tps'):16.1f}{med('ggserve', 'tg_tps'):16.1f}")
     ratios = {}

@@ -4,6 +4,11 @@ import os
 
 import pytest
 
+# The golden data is llama.cpp's AVX2 build's: the tests run ggml's AVX2 CPU variant,
+# here and in every server they start, whatever this CPU could run
+# (tests/test_cpu_variants.py runs another against llama.cpp's build for it).
+os.environ.setdefault("GGSERVE_CPU_VARIANT", "haswell")
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:

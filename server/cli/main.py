@@ -12,6 +12,7 @@ import os
 import sys
 
 from ggserve.models.builtin_templates import BUILTIN
+from ggserve.native import cpu_variants
 from ggserve.server.api.request_limits import RequestLimits
 from ggserve.server.cli.adapter_flags import adapter_config, add_adapter_flags
 from ggserve.server.cli.agent_flags import add_agent_flags, agent_settings, cors_origins
@@ -247,6 +248,11 @@ def serve(argv: list[str]) -> int:
     app = create_app(cfg)
     args.port = gcp_api.port(args.port)       # AIP_HTTP_PORT, in Vertex AI's prediction mode
     if not args.log_disable:
+        import ggserve.native
+
+        variant = ggserve.native.CPU_VARIANT
+        print(f"ggserve: ggml CPU variant {variant} ({' '.join(cpu_variants.FEATURES[variant])}; "
+              f"{cpu_variants.ENV} chooses another)", flush=True)
         print(f"ggserve: serving {cfg.model} on http://{args.host}:{args.port} "
               f"(model loads in the background; GET /health says when ready)", flush=True)
         if cfg.webui:
