@@ -181,10 +181,11 @@ class ChatTemplate:
             return True
 
     @classmethod
-    def from_metadata(cls, meta: dict, add_bos: bool = False) -> "ChatTemplate":
+    def from_metadata(cls, meta: dict, add_bos: bool = False, tokens=None) -> "ChatTemplate":
         """The GGUF's template, or ChatML (with a warning) when it has none. add_bos:
-        the model's tokenizer adds BOS (Tokenizer.vocab.add_bos)."""
-        tokens = meta.get("tokenizer.ggml.tokens") or []
+        the model's tokenizer adds BOS (Tokenizer.vocab.add_bos); tokens: the token texts,
+        where the metadata no longer holds them (Tokenizer.vocab.tokens)."""
+        tokens = tokens if tokens is not None else meta.get("tokenizer.ggml.tokens") or []
 
         def text(key):
             i = meta.get("tokenizer.ggml." + key)

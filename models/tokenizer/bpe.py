@@ -44,7 +44,7 @@ class BPE:
         if self._spm_style:
             byte_ids = [vocab.token_to_id.get(f"<0x{b:02X}>", -1) for b in range(256)]
             self._vocab = vocab.token_to_id
-        self._core = BPECore([_utf8(t) for t in vocab.tokens],
+        self._core = BPECore(list(vocab.tokens.iter_utf8()),
                              [_utf8(m) for m in vocab.merges],
                              vocab.pre.ignore_merges, byte_ids)
         self._cache: dict[str, list[int]] = {}

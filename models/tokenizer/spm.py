@@ -21,7 +21,7 @@ class SPM:
             if i is None:   # llama.cpp falls back to the byte itself as a token
                 i = vocab.token_to_id.get(bytes([b]).decode("utf-8", "surrogateescape"), -1)
             byte_ids.append(i)
-        self._core = SPMCore([t.encode("utf-8", "surrogateescape") for t in vocab.tokens],
+        self._core = SPMCore(list(vocab.tokens.iter_utf8()),
                              vocab.scores, byte_ids)
 
     def encode(self, text: str, out: list[int]) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from .pretokenize import PRE_TYPES, PreSpec
 from .token_index import TokenIndex
+from .token_texts import TokenTexts
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class Vocab:
         self.merges: list[str] = list(get("merges") or [])
         self.add_space_prefix = bool(get("add_space_prefix", self.add_space_prefix))
 
-        self.tokens: list[str] = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(get("tokens"))]
+        self.tokens = TokenTexts(t if t else f"[EMPTY_{i}]" for i, t in enumerate(get("tokens")))
         n = len(self.tokens)
         scores = get("scores")
         self.scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)
@@ -131,7 +132,7 @@ class Vocab:
         self._apply_model_quirks(meta)
         special = int(SPECIAL_ATTRS)
         self.special_ids = [i for i, a in enumerate(self.attrs) if a & special]
-        self.special_ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
+        self.special_ids.sort(key=lambda i: -len(self.tokens.utf8(i)))
 
     # -- derived special tokens --
 

@@ -68,10 +68,12 @@ class LoadedModel:
         cls = model_class(arch, self.path)
         self.name = meta.get("general.name") or os.path.splitext(os.path.basename(self.path))[0]
         self.tokenizer = Tokenizer.from_metadata(meta)
-        # the tokenizer's native tables hold the merges now: their Python strings go (12.6 MiB for
-        # 151k merges; Ollama's verbose /api/show reads the file's header again)
+        # the tokenizer's native tables hold the merges now, and its TokenTexts the texts: their
+        # Python strings go (12.6 and 12.9 MiB for Qwen's 151k merges and tokens; Ollama's verbose
+        # /api/show reads the file's header again)
         self.tokenizer.vocab.merges = []
         meta.pop("tokenizer.ggml.merges", None)
+        meta.pop("tokenizer.ggml.tokens", None)
         self._chat_template_override = chat_template
 
         n_layer = meta.get(f"{arch}.block_count", 0)
@@ -123,7 +125,8 @@ class LoadedModel:
             return ChatTemplate(override, bos_token=tok.id_to_token(tok.bos_id) if tok.bos_id >= 0 else "",
                                 eos_token=tok.id_to_token(tok.eos_id) if tok.eos_id >= 0 else "",
                                 add_bos=tok.vocab.add_bos)
-        return ChatTemplate.from_metadata(self.gguf.metadata, add_bos=self.tokenizer.vocab.add_bos)
+        return ChatTemplate.from_metadata(self.gguf.metadata, add_bos=self.tokenizer.vocab.add_bos,
+                                          tokens=self.tokenizer.vocab.tokens)
 
     def _kernel_kinds(self, matmul_names) -> dict:
         """Weights whose CPU kernel depends on the row count of the call

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ggserve.server.chat.prompts import Prompt, PromptBuilder
+from ggserve.server.service import heap
 from ggserve.server.service.errors import EngineFailed, QueueFull, ServiceError, Unavailable
 from ggserve.server.service.jobs import Choice, Job
 from ggserve.server.service.metrics import Metrics
@@ -72,6 +73,7 @@ class Service:
         self._adds: list[tuple[Job, asyncio.Future]] = []
         self._cancels: list[str] = []
         self._stats_at = 0.0                   # when the engine gauges were last read
+        self._stepped = False                  # a step ran since the heap was last trimmed
         self._calls: list[tuple[Callable, asyncio.Future]] = []   # on_engine: fn(engine) between steps
         self._live: dict[str, tuple[Job, int]] = {}   # request id -> (job, index)
         self._wake: asyncio.Event | None = None
@@ -139,6 +141,7 @@ class Service:
             # llama.cpp builds its llguidance tokenizer at first use: a server that sees none
             # does not hold them (~250 MiB for Gemma 3's 262k tokens: bench/README, memory.py)
             self.grammars = Grammars(self.engine.tokenizer)
+            await loop.run_in_executor(self._executor, heap.give_back)
         except Exception as e:
             log.exception("failed to load the model")
             self.load_error = e
@@ -277,6 +280,11 @@ class Service:
         if not self.engine.has_work():
             if self._calls:               # one came in while the others ran
                 return
+            if self._stepped:             # fallen idle: the heap pages the steps freed go back
+                self._stepped = False
+                await self._engine_call(heap.give_back)
+                if self._calls or self._adds:
+                    return
             self._wake.clear()
             if not self._remote:
                 await self._wake.wait()
@@ -288,6 +296,7 @@ class Service:
             return
         t0 = time.perf_counter()
         events = await self._engine_call(self.engine.step)
+        self._stepped = True
         self.metrics.on_step(time.perf_counter() - t0, events)
         self._dispatch(events)
 
