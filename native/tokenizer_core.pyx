@@ -9,12 +9,74 @@ skipped when one side has changed since the pair was queued.
 
 Strings cross this boundary as UTF-8 bytes; token texts are the GGUF bytes.
 """
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+from libc.string cimport memcmp
 from libcpp.string cimport string
 from libcpp.vector cimport vector
-from libcpp.unordered_map cimport unordered_map
-from cython.operator cimport dereference as deref
 
-ctypedef unordered_map[string, int].iterator MapIt
+
+cdef inline uint64_t _hash(const char * p, size_t n) noexcept nogil:
+    # FNV-1a, then a 64-bit finalizer (splitmix64's) so the low bits the table uses mix well
+    cdef uint64_t h = 14695981039346656037ULL
+    cdef size_t i
+    for i in range(n):
+        h = (h ^ <unsigned char>p[i]) * 1099511628211ULL
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ULL
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBULL
+    return h ^ (h >> 31)
+
+
+cdef class _TextTable:
+    """Texts by index, found by their bytes: the texts end to end in one buffer and an
+    open-addressing table of indices (load at most 0.6). A text held twice finds its lowest
+    index, as a map's first insert wins. Qwen's 151,936 tokens: 3 MiB, where an
+    unordered_map<string, int> of them took ~12 (bench/README.md, memory.py)."""
+
+    cdef string blob
+    cdef vector[uint32_t] starts      # text i is blob[starts[i]:starts[i + 1]]
+    cdef vector[int32_t] slots        # -1: empty
+    cdef uint64_t mask
+
+    def __init__(self, list texts):
+        cdef size_t n = len(texts)
+        cdef size_t cap = 16
+        cdef bytes t
+        cdef int32_t i
+        cdef uint64_t h
+        while cap * 3 < n * 5:
+            cap <<= 1
+        self.slots.assign(cap, -1)
+        self.mask = cap - 1
+        self.blob.reserve(sum(len(t) for t in texts))
+        self.starts.reserve(n + 1)
+        self.starts.push_back(0)
+        for i in range(<int32_t>n):
+            t = texts[i]
+            self.blob.append(<const char *>t, len(t))
+            self.starts.push_back(<uint32_t>self.blob.size())
+            h = self._slot(self.blob.data() + self.starts[i], len(t))
+            if self.slots[h] < 0:
+                self.slots[h] = i
+
+    cdef inline uint64_t _slot(self, const char * p, size_t n) noexcept nogil:
+        """The slot that holds this text, or the empty one where it would go."""
+        cdef uint64_t h = _hash(p, n) & self.mask
+        cdef int32_t i
+        while True:
+            i = self.slots[h]
+            if i < 0:
+                return h
+            if self.starts[i + 1] - self.starts[i] == n and memcmp(self.blob.data() + self.starts[i], p, n) == 0:
+                return h
+            h = (h + 1) & self.mask
+
+    cdef inline int32_t find(self, const char * p, size_t n) noexcept nogil:
+        """The lowest index of this text, or -1."""
+        return self.slots[self._slot(p, n)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.blob.capacity() + 4 * (self.starts.capacity() + self.slots.capacity())
 
 
 cdef struct Symbol:
@@ -117,8 +179,8 @@ cdef inline void _merge(vector[Symbol] & symbols, const Pair & p) nogil:
 cdef class BPECore:
     """Byte-level BPE over GPT-2 byte-encoded words (or raw UTF-8 words)."""
 
-    cdef unordered_map[string, int] vocab
-    cdef unordered_map[string, int] ranks
+    cdef _TextTable vocab
+    cdef _TextTable ranks
     cdef bint ignore_merges
     cdef bint has_byte_ids
     cdef int byte_ids[256]
@@ -130,17 +192,17 @@ cdef class BPECore:
         byte_ids: id per byte (-1 if none) for vocabularies whose unmatched pieces fall
         back to <0xXX> tokens (raw UTF-8 BPE, e.g. gemma-4); None: single-byte texts."""
         cdef int i
-        cdef bytes t
-        for i in range(len(tokens)):
-            t = tokens[i]
-            self.vocab.insert((t, i))  # first id wins, as llama.cpp's emplace
-        for i in range(len(merges)):
-            t = merges[i]
-            self.ranks.insert((t, i))
+        self.vocab = _TextTable(tokens)     # first id wins, as llama.cpp's emplace
+        self.ranks = _TextTable(merges)
         self.ignore_merges = ignore_merges
         self.has_byte_ids = byte_ids is not None
         for i in range(256):
             self.byte_ids[i] = byte_ids[i] if byte_ids is not None else -1
+
+    @property
+    def nbytes(self) -> int:
+        """What its tables hold: the token texts and the merges, each with its index."""
+        return self.vocab.nbytes + self.ranks.nbytes
 
     cdef void _try_pair(self, const string & word, int left, int right):
         if left == -1 or right == -1:
@@ -150,11 +212,11 @@ cdef class BPECore:
         cdef string key = word.substr(a.start, a.n)
         key.push_back(32)  # ' '
         key.append(word.substr(b.start, b.n))
-        cdef MapIt it = self.ranks.find(key)
-        if it == self.ranks.end():
+        cdef int32_t rank = self.ranks.find(key.data(), key.size())
+        if rank < 0:
             return
         cdef Pair p
-        p.key = deref(it).second
+        p.key = rank
         p.left = left
         p.right = right
         p.size = a.n + b.n
@@ -167,11 +229,11 @@ cdef class BPECore:
         cdef int i, j
         cdef Pair p
         cdef string piece
-        cdef MapIt it
+        cdef int32_t tid
         if self.ignore_merges:
-            it = self.vocab.find(word)
-            if it != self.vocab.end():
-                out.append(deref(it).second)
+            tid = self.vocab.find(word.data(), word.size())
+            if tid >= 0:
+                out.append(tid)
                 return out
         _split_chars(word, self.symbols)
         self.heap.clear()
@@ -189,9 +251,9 @@ cdef class BPECore:
         i = 0 if self.symbols.size() > 0 else -1
         while i != -1:
             piece = word.substr(self.symbols[i].start, self.symbols[i].n)
-            it = self.vocab.find(piece)
-            if it != self.vocab.end():
-                out.append(deref(it).second)
+            tid = self.vocab.find(piece.data(), piece.size())
+            if tid >= 0:
+                out.append(tid)
             elif self.has_byte_ids:
                 for j in range(<int>piece.size()):
                     if self.byte_ids[<unsigned char>piece[j]] >= 0:
@@ -199,9 +261,9 @@ cdef class BPECore:
             else:
                 # llama.cpp: look each byte of the piece up on its own, drop misses
                 for j in range(<int>piece.size()):
-                    it = self.vocab.find(piece.substr(j, 1))
-                    if it != self.vocab.end():
-                        out.append(deref(it).second)
+                    tid = self.vocab.find(piece.data() + j, 1)
+                    if tid >= 0:
+                        out.append(tid)
             i = self.symbols[i].next
         return out
 
@@ -209,7 +271,7 @@ cdef class BPECore:
 cdef class SPMCore:
     """SentencePiece-style merge by score with <0xXX> byte fallback."""
 
-    cdef unordered_map[string, int] vocab
+    cdef _TextTable vocab
     cdef vector[float] scores
     cdef int byte_ids[256]
     cdef vector[Symbol] symbols
@@ -218,10 +280,8 @@ cdef class SPMCore:
     def __init__(self, list tokens, scores, list byte_ids):
         """tokens: texts as bytes by id; scores: float per id; byte_ids: id per byte (-1 if none)."""
         cdef int i
-        cdef bytes t
+        self.vocab = _TextTable(tokens)
         for i in range(len(tokens)):
-            t = tokens[i]
-            self.vocab.insert((t, i))
             self.scores.push_back(<float>scores[i])
         for i in range(256):
             self.byte_ids[i] = byte_ids[i]
@@ -231,11 +291,11 @@ cdef class SPMCore:
             return
         cdef Symbol a = self.symbols[left]
         cdef int size = a.n + self.symbols[right].n
-        cdef MapIt it = self.vocab.find(text.substr(a.start, size))
-        if it == self.vocab.end():
+        cdef int32_t tid = self.vocab.find(text.data() + a.start, size)
+        if tid < 0:
             return
         cdef Pair p
-        p.key = -<double>self.scores[deref(it).second]
+        p.key = -<double>self.scores[tid]
         p.left = left
         p.right = right
         p.size = size
@@ -248,7 +308,7 @@ cdef class SPMCore:
         cdef int i, j, b
         cdef Pair p
         cdef string piece
-        cdef MapIt it
+        cdef int32_t tid
         _split_chars(text, self.symbols)
         self.heap.clear()
         for i in range(1, <int>self.symbols.size()):
@@ -265,9 +325,9 @@ cdef class SPMCore:
         i = 0 if self.symbols.size() > 0 else -1
         while i != -1:
             piece = text.substr(self.symbols[i].start, self.symbols[i].n)
-            it = self.vocab.find(piece)
-            if it != self.vocab.end():
-                out.append(deref(it).second)
+            tid = self.vocab.find(piece.data(), piece.size())
+            if tid >= 0:
+                out.append(tid)
             else:
                 # a merged symbol is always a token, so this is one character
                 # that is not: emit its bytes as byte tokens

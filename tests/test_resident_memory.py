@@ -131,3 +131,14 @@ def test_the_token_texts_live_in_one_buffer():
         assert (template.bos_token, template.eos_token) == ("<|im_start|>", "<|im_end|>")
         info = httpx.post(s.url + "/api/show", json={"model": "any", "verbose": True}, timeout=60).json()["model_info"]
         assert info["tokenizer.ggml.tokens"] == texts
+
+
+def test_the_bpe_tables_hold_texts_end_to_end_with_an_index_each():
+    """Qwen's 151,936 token texts and 151,387 merges in the native BPE tables: one buffer and
+    an open-addressing index each, under 6 MiB (two unordered_map<string, int> took ~25);
+    the ids stay llama-server's (tests/test_tokenizer_synth.py, tests/test_tokenizer.py)."""
+    from ggserve.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model_path("moe"))
+    assert tok._impl._core.nbytes < 6 * MiB
+    assert tok.encode("Hello world", add_special=False) == [9707, 1879]
