@@ -147,15 +147,24 @@ def test_a_sequence_keeps_its_last_saved_states(backend):
     state.close()
 
 
-def test_a_full_list_first_drops_a_saved_state_close_to_the_one_before_it(backend):
-    """llama-server evicts checkpoints within --checkpoint-min-step (8192) of an earlier one
-    before the oldest."""
-    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=1, max_snapshots=3)
+@pytest.mark.parametrize("min_step,held,then", [(CHECKPOINT_MIN_STEP, [100, 300, 400], [100, 300, 400, 500]),
+                                                (0, [100, 200, 300, 400], [200, 300, 400, 500])])
+def test_a_full_list_first_drops_an_earlier_requests_state_close_to_the_one_before_it(backend, min_step, held, then):
+    """llama-server's create_checkpoint: with one free place left, states within
+    --checkpoint-min-step of the one kept before them go first, unless the running request
+    saved them (tests/test_checkpoint_spacing.py checks it against llama-server's log)."""
+    state = RecurrentState(backend, [LayerRecurrent((4,), backend.cpu)], n_seqs=1, max_snapshots=4, min_step=min_step)
     state.alloc(0)
-    for n in (100, CHECKPOINT_MIN_STEP + 1000, 100, CHECKPOINT_MIN_STEP + 1000):
-        _step(state, 0, n, 1.0)
+    for _ in range(3):                               # one request saves at 100, 200, 300
+        _step(state, 0, 100, 1.0)
         state.snapshot([0])
-    assert sorted(state.snaps[0]) == [100, CHECKPOINT_MIN_STEP + 1100, 2 * CHECKPOINT_MIN_STEP + 2200]
+    state.keep(0, 300)                               # the next one resumes at 300 (its own now)
+    _step(state, 0, 100, 1.0)
+    state.snapshot([0])
+    assert sorted(state.snaps[0]) == held
+    _step(state, 0, 100, 1.0)
+    state.snapshot([0])                              # full: the one furthest back goes
+    assert sorted(state.snaps[0]) == then
     state.close()
 
 

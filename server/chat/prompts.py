@@ -13,7 +13,7 @@ import numpy as np
 
 from ggserve.models.audio.decode import Clip
 from ggserve.models.vision.arrange import MEDIA_MARKER, arrange, mrope_positions
-from ggserve.server.chat.turns import tokenized_delimiters, turn_cuts
+from ggserve.server.chat.turns import CHECKPOINT_MIN_STEP, tokenized_delimiters, turn_cuts
 from ggserve.server.request_errors import AudioNotSupported, ImagesNotSupported
 
 # Image parts of a chat render as this per-process random marker, so text a user
@@ -32,18 +32,21 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, chat_template, vision=None, delimiters=(), audio=None):
+    def __init__(self, tokenizer, chat_template, vision=None, delimiters=(), audio=None,
+                 checkpoint_min_step: int = CHECKPOINT_MIN_STEP):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.vision = vision
         self.audio = audio                     # models/audio AudioModel, or None
         self.delimiters = list(delimiters)     # (role, tokens): llama-server's message delimiters
+        self.min_step = checkpoint_min_step    # --checkpoint-min-step: which user turns end a batch
 
     @classmethod
     def for_engine(cls, engine) -> "PromptBuilder":
         delimiters = (tokenized_delimiters(engine.chat_template, engine.tokenizer)
                       if engine.parity.cuts_at_user_turns else [])
-        return cls(engine.tokenizer, engine.chat_template, engine.vision, delimiters, engine.loaded.audio)
+        return cls(engine.tokenizer, engine.chat_template, engine.vision, delimiters, engine.loaded.audio,
+                   engine.cfg.checkpoint_min_step)
 
     def check_images(self, n_images: int) -> None:
         """Refuse images up front (before fetching them) when the model has no projector."""
@@ -69,7 +72,7 @@ class PromptBuilder:
         ids = prompt.tokens
         # a template that writes the BOS text itself, plus add_special: one BOS only
         if not prompt.images and len(ids) >= 2 and bos is not None and ids[0] == bos and ids[1] == bos:
-            prompt = Prompt(ids[1:], [], turn_cuts(ids[1:], (), self.delimiters), text)
+            prompt = Prompt(ids[1:], [], turn_cuts(ids[1:], (), self.delimiters, self.min_step), text)
         return prompt
 
     def build(self, text: str, images: list = (), marker: str = MEDIA_MARKER) -> Prompt:
@@ -83,7 +86,7 @@ class PromptBuilder:
             raise ValueError(f"the prompt has {len(parts) - 1} image markers for {len(images)} images")
         if not images:
             ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-            return Prompt(ids, [], turn_cuts(ids, (), self.delimiters))
+            return Prompt(ids, [], turn_cuts(ids, (), self.delimiters, self.min_step))
         clips = sum(isinstance(media, Clip) for _, media in images)
         self.check_images(len(images) - clips)
         self.check_audio(clips)
@@ -98,9 +101,9 @@ class PromptBuilder:
         ids, spans = arrange(vision.projector if vision else "", self.tokenizer, pieces,
                              vision.tokens_per_tile if vision else 0, vision.family if vision else None)
         if any(span.grid is not None for span in spans):    # M-RoPE: images advance positions by their grid
-            return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters),
+            return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters, self.min_step),
                           positions=mrope_positions(len(ids), spans))
-        return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters))
+        return Prompt(ids, spans, turn_cuts(ids, spans, self.delimiters, self.min_step))
 
 
 def render_chat(template, messages: list[dict], tools=None, *, template_kwargs: dict | None = None,

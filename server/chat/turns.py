@@ -35,8 +35,8 @@ from __future__ import annotations
 
 USER, ASSISTANT, SYSTEM, TOOL = "user", "assistant", "system", "tool"
 
-# llama-server's defaults (common/common.h, common/arg.cpp): -b, -ub, --ctx-checkpoints,
-# --checkpoint-min-step
+# llama-server's defaults (common/common.h, common/arg.cpp): -b, -ub, --checkpoint-min-step
+# (EngineConfig.checkpoint_min_step, which turn_cuts is given)
 N_BATCH = 2048
 N_UBATCH = 512
 CHECKPOINT_MIN_STEP = 8192
@@ -340,10 +340,11 @@ def batch_cuts(n_prompt: int, spans, users: list[int], *, n_batch: int = N_BATCH
     return tuple(cuts), tuple(checkpoints)
 
 
-def turn_cuts(prompt: list[int], spans, delimiters) -> tuple[int, ...]:
+def turn_cuts(prompt: list[int], spans, delimiters, min_step: int = CHECKPOINT_MIN_STEP) -> tuple[int, ...]:
     """The user-message starts where llama-server ends a batch of this chat prompt
-    (models with context checkpoints; () without delimiters)."""
+    (models with context checkpoints; () without delimiters), with --checkpoint-min-step
+    min_step."""
     if not delimiters:
         return ()
     users = user_starts(prompt, spans, delimiters)
-    return batch_cuts(len(prompt), spans, users)[0] if users else ()
+    return batch_cuts(len(prompt), spans, users, min_step=min_step)[0] if users else ()

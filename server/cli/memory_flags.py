@@ -1,5 +1,6 @@
 """How much memory the KV cache may take: llama-server 11434's --swa-full, --fit,
---fit-target, --fit-ctx and --ctx-checkpoints (common/arg.cpp), read into EngineConfig's fields
+--fit-target, --fit-ctx, --ctx-checkpoints and --checkpoint-min-step (common/arg.cpp), read into
+EngineConfig's fields
 (server/engine/memory/sizing.py does the sizing)."""
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def add_memory_flags(p) -> None:
                    help="context checkpoints kept per slot: states of a hybrid model's recurrent layers saved "
                         "on a prompt's way (at user turns and 4 tokens before its end), in host RAM, that a later "
                         "prompt continues from (0: none)")
+    p.add_argument("-cms", "--checkpoint-min-step", action=_EnvDefault, env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT",
+                   type=int, default=8192, metavar="N",
+                   help="least spacing of context checkpoints in tokens: a user turn closer than this to the last "
+                        "checkpoint gets none, and a full list drops those this close to an earlier one first "
+                        "(0: no minimum)")
 
 
 def memory_settings(args) -> dict:
@@ -33,5 +39,8 @@ def memory_settings(args) -> dict:
         raise SystemExit("ggserve serve: --fit-target must be >= 0 (MiB)")
     if args.fit_ctx < 1:
         raise SystemExit("ggserve serve: --fit-ctx must be >= 1")
+    if args.checkpoint_min_step < 0:
+        raise SystemExit("ggserve serve: --checkpoint-min-step must be >= 0")
     return {"swa_full": bool(args.swa_full), "fit": args.fit in _ON, "fit_target_mb": args.fit_target,
-            "fit_ctx": args.fit_ctx, "ctx_checkpoints": max(0, args.ctx_checkpoints)}
+            "fit_ctx": args.fit_ctx, "ctx_checkpoints": max(0, args.ctx_checkpoints),
+            "checkpoint_min_step": args.checkpoint_min_step}

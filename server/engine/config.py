@@ -45,7 +45,13 @@ class EngineConfig:
     fit_target_mb: int = 1024                 # --fit-target
     fit_ctx: int = 4096                       # --fit-ctx: the least context per slot --fit leaves
     ctx_checkpoints: int = 32                 # --ctx-checkpoints: saved recurrent states per slot (0: none)
+    checkpoint_min_step: int = 8192           # --checkpoint-min-step: least spacing of checkpoints (0: none)
     adapters: AdapterConfig | None = None     # --lora, --control-vector and their kin (None: none)
+
+    @property
+    def checkpoints(self) -> tuple[int, int]:
+        """(--ctx-checkpoints, --checkpoint-min-step), as memory/recurrent_state.py's Checkpoints."""
+        return self.ctx_checkpoints, self.checkpoint_min_step
 
     def template_source(self) -> str | None:
         """The chat template's text that replaces the GGUF's, if a flag names one."""

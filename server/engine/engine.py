@@ -71,7 +71,7 @@ class Engine:
         self.n_pos = getattr(self.model, "n_pos", 1)
         self.model_path, self.model_name = lm.path, lm.name
         self.memory = Memory(self.backend, specs, kv_size=self.kv_size, unified=cfg.kv_unified,
-                             n_seqs=n_parallel, checkpoints=cfg.ctx_checkpoints, n_pos=self.n_pos, n_ubatch=n_batch,
+                             n_seqs=n_parallel, checkpoints=cfg.checkpoints, n_pos=self.n_pos, n_ubatch=n_batch,
                              type_k=ggml.type_by_name(cfg.cache_type_k), type_v=ggml.type_by_name(cfg.cache_type_v))
         self.kv = self.memory.kv
         self.context_shift = cfg.context_shift and context_shift_supported(self.model, self.memory, lm.media)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ggserve.models.memory import LayerKV, LayerRecurrent
 from ggserve.server.engine.memory.kv_cache import KVCache
-from ggserve.server.engine.memory.recurrent_state import CTX_CHECKPOINTS, RecurrentState
+from ggserve.server.engine.memory.recurrent_state import CTX_CHECKPOINTS, Checkpoints, RecurrentState
 from ggserve.server.engine.memory.swa_ring import SplitStep, SwaRing, ring_size
 
 CHECKPOINT_TAIL = 4     # ref: llama.cpp tools/server/server-context.cpp, checkpoint_offsets
@@ -48,7 +48,7 @@ def ring_layout(specs: list, kv_size: int, n_seqs: int, n_ubatch: int, unified: 
 
 class Memory:
     def __init__(self, backend, specs: list, *, kv_size: int, n_seqs: int, type_k, type_v, n_pos: int = 1,
-                 n_ubatch: int = 512, unified: bool = False, checkpoints: int = CTX_CHECKPOINTS):
+                 n_ubatch: int = 512, unified: bool = False, checkpoints: Checkpoints | int = CTX_CHECKPOINTS):
         self.backend = backend
         attention = [s if isinstance(s, LayerKV) else None for s in specs]
         recurrent = [s if isinstance(s, LayerRecurrent) else None for s in specs]
@@ -65,7 +65,9 @@ class Memory:
         # holds); layers without attention get no K/V storage in it
         self.kv = KVCache(backend, attention, kv_size, type_k, type_v, n_regions=n_seqs, n_pos=n_pos)
         self.kv.has_swa |= self.swa is not None
-        self.recurrent = RecurrentState(backend, recurrent, n_seqs, checkpoints) if any(recurrent) else None
+        # --ctx-checkpoints alone (an int), or with --checkpoint-min-step
+        n, min_step = checkpoints if isinstance(checkpoints, tuple) else Checkpoints(checkpoints)
+        self.recurrent = RecurrentState(backend, recurrent, n_seqs, n, min_step) if any(recurrent) else None
 
     def close(self) -> None:
         self.kv.close()

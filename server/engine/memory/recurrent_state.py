@@ -17,26 +17,38 @@ to where the state ends or a snapshot was taken (`reusable`).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ggserve.models.memory import LayerRecurrent
 from ggserve.native import ggml
 
 CTX_CHECKPOINTS = 32          # saved states per sequence: llama-server's --ctx-checkpoints default
-CHECKPOINT_MIN_STEP = 8192    # llama-server's --checkpoint-min-step default: a full list drops one this close first
+CHECKPOINT_MIN_STEP = 8192    # llama-server's --checkpoint-min-step default: a full list drops those this close first
+
+
+class Checkpoints(NamedTuple):
+    """--ctx-checkpoints and --checkpoint-min-step (-cms)."""
+    n: int = CTX_CHECKPOINTS
+    min_step: int = CHECKPOINT_MIN_STEP
 
 
 class RecurrentState:
     def __init__(self, backend, layers: list[LayerRecurrent | None], n_seqs: int,
-                 max_snapshots: int = CTX_CHECKPOINTS):
+                 max_snapshots: int = CTX_CHECKPOINTS, min_step: int = CHECKPOINT_MIN_STEP):
         self.backend = backend
         self.n_seqs = n_seqs
         self.max_snapshots = max(0, max_snapshots)
+        self.min_step = min_step
         self.layers = layers
         self.pos = np.zeros(n_seqs, dtype=np.int64)         # tokens the live state reflects
         self.live = np.arange(n_seqs, dtype=np.int64)      # the row holding each sequence's live state
         self.in_use = np.zeros(n_seqs, dtype=bool)
         self.snaps: list[dict[int, list]] = [{} for _ in range(n_seqs)]  # per sequence: position -> bytes per tensor
+        # which request saved each (a number per sequence: one more for each request it serves)
+        self.saved_by: list[dict[int, int]] = [{} for _ in range(n_seqs)]
+        self.request = [0] * n_seqs
         by_device: dict = {}
         for il, layer in enumerate(layers):
             if layer is not None:
@@ -67,15 +79,20 @@ class RecurrentState:
     # -- per sequence ------------------------------------------------------------
 
     def alloc(self, seq: int) -> None:
-        """Give seq an empty state (all zeros, reflecting no token)."""
+        """Give seq an empty state (all zeros, reflecting no token), for a new request."""
         self._zero(seq)
-        self.snaps[seq].clear()
+        self._forget_saved(seq)
+        self.request[seq] += 1
         self.in_use[seq] = True
 
     def free(self, seq: int) -> None:
         self.in_use[seq] = False
         self.pos[seq] = 0
+        self._forget_saved(seq)
+
+    def _forget_saved(self, seq: int) -> None:
         self.snaps[seq].clear()
+        self.saved_by[seq].clear()
 
     def reusable(self, seq: int, n: int) -> int:
         """The most of seq's first n tokens whose state seq has: where its live state
@@ -85,11 +102,17 @@ class RecurrentState:
         return max([p for p in (int(self.pos[seq]), *self.snaps[seq]) if p <= n], default=0)
 
     def keep(self, seq: int, n: int) -> None:
-        """seq's state goes back to its first n tokens (n from `reusable`, > 0)."""
+        """seq's state goes back to its first n tokens (n from `reusable`, > 0), for a new
+        request. A saved state it resumes from counts as saved by that request: llama-server
+        makes a checkpoint again where the resumed prompt's first batch starts."""
         if n != self.pos[seq]:
             self._write_row(int(self.live[seq]), self.snaps[seq][n])
             self.pos[seq] = n
         self.snaps[seq] = {p: r for p, r in self.snaps[seq].items() if p <= n}
+        self.saved_by[seq] = {p: r for p, r in self.saved_by[seq].items() if p <= n}
+        self.request[seq] += 1
+        if n in self.snaps[seq]:
+            self._save(seq, n, self.snaps[seq][n])
 
     def copy(self, src: int, dst: int, n: int) -> None:
         """dst's state becomes src's after its first n tokens (n from `reusable`, > 0):
@@ -99,7 +122,8 @@ class RecurrentState:
         else:
             self._write_row(int(self.live[dst]), self.snaps[src][n])
         self.pos[dst] = n
-        self.snaps[dst].clear()
+        self._forget_saved(dst)
+        self.request[dst] += 1
         self.in_use[dst] = True
 
     def advance(self, seqs, counts) -> None:
@@ -110,20 +134,30 @@ class RecurrentState:
             self.pos[s] += n
 
     def snapshot(self, seqs) -> None:
-        """Keep a copy of each of seqs' live state at its position in host RAM. A
-        sequence that has max_snapshots already first drops one within
-        CHECKPOINT_MIN_STEP of the one before it, else the one furthest back
-        (llama-server's create_checkpoint)."""
+        """Keep a copy of each of seqs' live state at its position in host RAM."""
         if not self.max_snapshots:
             return
         for s in seqs:
-            snaps, p = self.snaps[s], int(self.pos[s])
-            snaps.pop(p, None)
-            if len(snaps) >= self.max_snapshots:
-                held = sorted(snaps)
-                close = [b for a, b in zip(held, held[1:]) if b <= a + CHECKPOINT_MIN_STEP]
-                snaps.pop(close[0] if close else held[0])
-            snaps[p] = self._read_row(int(self.live[s]))
+            self._save(s, int(self.pos[s]), self._read_row(int(self.live[s])))
+
+    def _save(self, s: int, p: int, rows: list) -> None:
+        """As llama-server's create_checkpoint (server-context.cpp): with max_snapshots - 1
+        saved or more, each state within min_step of the one kept before it goes, unless
+        this request saved it, until one fewer is left; then the furthest back while the
+        list is full; one at position p is replaced."""
+        snaps, saved_by, request = self.snaps[s], self.saved_by[s], self.request[s]
+        last = -1
+        for q in sorted(snaps):
+            if len(snaps) + 1 < self.max_snapshots:
+                break
+            if saved_by.get(q) != request and last >= 0 and q <= last + self.min_step:
+                del snaps[q], saved_by[q]
+                continue
+            last = q
+        for q in sorted(snaps)[:max(0, len(snaps) - self.max_snapshots + 1)]:
+            del snaps[q], saved_by[q]
+        snaps.pop(p, None)
+        snaps[p], saved_by[p] = rows, request
 
     # -- host copies (server/engine/memory/snapshot.py) --------------------------------------
 
@@ -147,6 +181,7 @@ class RecurrentState:
         older = sorted(p for p in states if p < n)
         self.snaps[seq] = {p: list(states[p]) for p in older[len(older) - self.max_snapshots:]} \
             if self.max_snapshots else {}
+        self.saved_by[seq] = dict.fromkeys(self.snaps[seq], -1)    # by no request of this server's
         self.pos[seq] = n
 
     # -- what a step's graph uses --------------------------------------------------
