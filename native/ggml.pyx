@@ -45,6 +45,12 @@ def cpu_kernels_isa(bint allow_vnni=True) -> str:
     and allow_vnni, else "avx2" (both give the same floats; tests run each)."""
     return "avx512vnni" if ggserve_matmul_isa(allow_vnni) else "avx2"
 
+
+def q4_k_gemv_supported() -> bool:
+    """Does ggserve's kernel for repacked Q4_K weights (native/kernels/q4k_gemv.c) run
+    here: the CPU has AVX512-VNNI."""
+    return ggserve_q4_k_gemv_supported() != 0
+
 include "ggml_types.pxi"
 include "ggml_tensors.pxi"
 include "ggml_graph.pxi"
