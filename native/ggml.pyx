@@ -51,6 +51,11 @@ def q4_k_gemv_supported() -> bool:
     here: the CPU has AVX512-VNNI."""
     return ggserve_q4_k_gemv_supported() != 0
 
+
+def q6_k_dot_supported() -> bool:
+    """Does ggserve's kernel for Q6_K weights (native/kernels/q6k_dot.c) run here."""
+    return ggserve_q6_k_dot_supported() != 0
+
 include "ggml_types.pxi"
 include "ggml_tensors.pxi"
 include "ggml_graph.pxi"

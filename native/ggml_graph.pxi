@@ -6,6 +6,7 @@ CPU_KERNEL_FEW_ROWS = FEW_ROWS_MAX
 
 
 cdef bint _q4_k_gemv_ok = ggserve_q4_k_gemv_supported() != 0
+cdef bint _q6_k_dot_ok = ggserve_q6_k_dot_supported() != 0
 
 
 cdef bint _repacked_q4_k_gemv(ggml_tensor * w, ggml_tensor * x):
@@ -20,14 +21,16 @@ cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
     """Does one of ggserve's kernels take mul_mat(w, x): f32 rows times weights in host
     memory (not on a device): Q4_1 with any number of rows, Q8_0 with a decode step's
     few (more go to llamafile's tiled kernel, which ggml has for Q8_0), repacked Q4_K
-    with the rows ggml's gemv computes."""
+    with the rows ggml's gemv computes, Q6_K with the rows ggml's vec_dot computes
+    (from 8 its tiled kernel takes them)."""
     if x.type != GGML_TYPE_F32 or x.nb[0] != 4 or w.ne[2] != 1 or w.ne[3] != 1 or x.ne[2] != 1 or x.ne[3] != 1:
         return False
     if _repacked_q4_k_gemv(w, x):
         return True
     if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
         return False
-    return w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= FEW_ROWS_MAX)
+    return (w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= FEW_ROWS_MAX)
+            or (_q6_k_dot_ok and w.type == GGML_TYPE_Q6_K and x.ne[1] <= Q6_K_DOT_ROWS_MAX))
 
 
 cdef class Graph:
@@ -166,6 +169,9 @@ cdef class Graph:
         if w.type == GGML_TYPE_Q8_0:
             return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                                   ggserve_q8_0_matmul, GGML_N_TASKS_MAX, NULL)
+        if w.type == GGML_TYPE_Q6_K:
+            return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
+                                  ggserve_q6_k_dot, GGML_N_TASKS_MAX, NULL)
         if w.type == GGML_TYPE_Q4_K:
             # the weights reach the op as its userdata, not a source: the scheduler would
             # look for a backend that runs a custom op on a repack buffer, and find none

@@ -22,3 +22,10 @@ void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
 #define Q4_K_GEMV_ROWS_MAX 3
 int ggserve_q4_k_gemv_supported(void);
 void ggserve_q4_k_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+
+// dst [M, N] f32 = src[0] (Q6_K [K, M], not repacked) x src[1] (F32 [K, N],
+// N <= Q6_K_DOT_ROWS_MAX: the rows ggml computes by vec_dot; q6k_dot.c). Needs
+// AVX512-VNNI (ggserve_q6_k_dot_supported).
+#define Q6_K_DOT_ROWS_MAX 7
+int ggserve_q6_k_dot_supported(void);
+void ggserve_q6_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata);
