@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ggserve.server.chat.prompts import Prompt, PromptBuilder
-from ggserve.server.service import heap
+from ggserve.server.service import burst, heap
 from ggserve.server.service.errors import EngineFailed, QueueFull, ServiceError, Unavailable
 from ggserve.server.service.jobs import Choice, Job
 from ggserve.server.service.metrics import Metrics
@@ -71,6 +71,7 @@ class Service:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-engine")
         self._prompt_executor = ThreadPoolExecutor(1, thread_name_prefix="ggserve-prompts")
         self._adds: list[tuple[Job, asyncio.Future]] = []
+        self._arrivals = burst.Arrivals()
         self._cancels: list[str] = []
         self._stats_at = 0.0                   # when the engine gauges were last read
         self._stepped = False                  # a step ran since the heap was last trimmed
@@ -121,7 +122,7 @@ class Service:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         engine, self.engine = self.engine, None
-        await asyncio.get_running_loop().run_in_executor(self._executor, engine.close)
+        await asyncio.get_running_loop().run_in_executor(self._executor, heap.close_engine, engine)
 
     async def reload(self) -> None:
         self._task = asyncio.create_task(self._load_and_run(), name="ggserve-engine")
@@ -141,7 +142,7 @@ class Service:
             # llama.cpp builds its llguidance tokenizer at first use: a server that sees none
             # does not hold them (~250 MiB for Gemma 3's 262k tokens: bench/README, memory.py)
             self.grammars = Grammars(self.engine.tokenizer)
-            await loop.run_in_executor(self._executor, heap.give_back)
+            await loop.run_in_executor(self._executor, heap.after_load)
         except Exception as e:
             log.exception("failed to load the model")
             self.load_error = e
@@ -159,15 +160,13 @@ class Service:
     # -- requests -----------------------------------------------------------------
 
     async def chat_prompt(self, messages: list[dict], tools=None, images: list = (), **options) -> Prompt:
-        """Chat messages (+ loaded images) -> Prompt, built off the event loop.
-        options: PromptBuilder.chat's (template kwargs, continue_final)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prompt_executor, functools.partial(
-            self.prompts.chat, messages, tools, images, **options))
+        """Chat messages (+ loaded images) -> Prompt, built off the event loop (options: PromptBuilder.chat's)."""
+        return await self.on_prompt_thread(functools.partial(self.prompts.chat, messages, tools, images, **options))
 
     async def on_prompt_thread(self, fn, *args):
-        """Run fn (e.g. compiling a grammar) on the prompt thread, off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._prompt_executor, fn, *args)
+        """Run fn (a prompt, a grammar's compilation) on the prompt thread, off the event loop."""
+        with self._arrivals.building_one():
+            return await asyncio.get_running_loop().run_in_executor(self._prompt_executor, fn, *args)
 
     async def submit(self, prompts: list[Prompt], params: list, max_tokens: int | None,
                      *, ignore_eos: bool = False, stops: list[str] | None = None,
@@ -266,6 +265,8 @@ class Service:
                 self._fail_all(EngineFailed(f"Engine error: {type(e).__name__}: {e}"))
 
     async def _iteration(self) -> None:
+        if self._adds and not self.engine.has_work():
+            await self._arrivals.settle()          # requests sent together start together (burst.py)
         calls, self._calls = self._calls, []
         for fn, fut in calls:
             if not fut.done():
