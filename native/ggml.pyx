@@ -46,12 +46,6 @@ def cpu_kernels_isa(bint allow_vnni=True) -> str:
     return "avx512vnni" if ggserve_matmul_isa(allow_vnni) else "avx2"
 
 
-def q4_k_gemv_supported() -> bool:
-    """Does ggserve's kernel for repacked Q4_K weights (native/kernels/q4k_gemv.c) run
-    here: the CPU has AVX512-VNNI."""
-    return ggserve_q4_k_gemv_supported() != 0
-
-
 def q6_k_dot_supported() -> bool:
     """Does ggserve's kernel for Q6_K weights (native/kernels/q6k_dot.c) run here."""
     return ggserve_q6_k_dot_supported() != 0

