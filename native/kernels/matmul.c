@@ -26,6 +26,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "hsum.h"
 #include "matmul.h"
 
 #define QK 32
@@ -43,15 +44,6 @@ typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
 
 AVX2 static inline float fp16(uint16_t h) {
     return _cvtsh_ss(h);
-}
-
-// ggml's hsum_float_8, operation for operation
-AVX2 static inline float hsum_float_8(__m256 x) {
-    __m128 res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    return _mm_cvtss_f32(res);
 }
 
 // A tile's fp16 scales as floats, laid out as its lanes: per block 8 floats of d

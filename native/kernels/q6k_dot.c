@@ -18,6 +18,7 @@
 
 #include "ggml.h"
 #include "ggml-cpu.h"
+#include "hsum.h"
 #include "matmul.h"
 
 #define QK_K 256
@@ -36,15 +37,6 @@ typedef struct {
 } block_q8_K;
 
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-
-// ggml's hsum_float_8, operation for operation
-VNNI static inline float hsum_float_8(__m256 x) {
-    __m128 res = _mm256_extractf128_ps(x, 1);
-    res = _mm_add_ps(res, _mm256_castps256_ps128(x));
-    res = _mm_add_ps(res, _mm_movehl_ps(res, res));
-    res = _mm_add_ss(res, _mm_movehdup_ps(res));
-    return _mm_cvtss_f32(res);
-}
 
 VNNI static float dot_row(int nb, const block_q6_K * x, const block_q8_K * y) {
     // two chunks in a 512-bit vector: the low half takes the first's high bits

@@ -9,22 +9,32 @@ and writes checkpoints.json next to this file: per turn the prompt's size, the c
 the n_tokens of each checkpoint created and erased (the log's SLT_TRC/SLT_WRN lines, in order)
 and the n_tokens the slot holds after it.
 """
+import importlib.util
 import json
 import pathlib
 import re
-import subprocess
 import sys
 import time
 
 import httpx
 
 HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from llama_server_run import llama_server_process
+
+
+def _swa_memory_turns() -> list[str]:
+    """The 4-turn conversation of ../swa_memory/make_reference.py (loaded by path: both are make_reference)."""
+    spec = importlib.util.spec_from_file_location("swa_memory_reference", HERE.parent / "swa_memory" / "make_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TURNS
+
+
 SYNTH = HERE.parents[3] / "shared" / "golden" / "synth" / "models"
 PORT = 18473
 URL = f"http://127.0.0.1:{PORT}"
-PARAGRAPH = ("The river runs past the old mill, where the miller keeps a ledger of every sack of grain "
-             "that comes in from the farms on the hills, and the names of the carters who bring it. ")
-TURNS = [f"Part {i}: {PARAGRAPH * 4}Summarise part {i} in one sentence." for i in range(1, 5)]
+TURNS = _swa_memory_turns()
 ARGS = ["-t", "1", "-c", "4096", "-np", "1", "--ctx-checkpoints", "4", "-lv", "4"]
 EVENT = re.compile(r"(created context checkpoint|erasing context checkpoint too close|erasing old context checkpoint|"
                    r"superseding context checkpoint).*?n_tokens = (\d+)")
@@ -38,37 +48,29 @@ def events(text: str) -> list[list]:
 
 def run(binary: str, min_step: int) -> dict:
     log = HERE / "_server.log"
-    proc = subprocess.Popen([binary, "-m", str(next(SYNTH.glob("synth-qwen35-*.gguf"))), "--port", str(PORT),
-                             *ARGS, "-cms", str(min_step)], stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    cmd = [binary, "-m", str(next(SYNTH.glob("synth-qwen35-*.gguf"))), "--port", str(PORT), *ARGS, "-cms", str(min_step)]
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(URL + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        messages, turns, held, seen = [], [], [], 0
-        for text in TURNS:
-            messages.append({"role": "user", "content": text})
-            r = httpx.post(URL + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8,
-                                                               "temperature": 0}, timeout=600).json()
-            time.sleep(0.5)
-            new = events(log.read_text())[seen:]
-            seen += len(new)
-            for kind, n in new:
-                if kind == "created":
-                    held.append(n)
-                else:
-                    held.remove(n)
-            turns.append({"prompt_tokens": r["usage"]["prompt_tokens"],
-                          "cached_tokens": r["usage"]["prompt_tokens_details"]["cached_tokens"],
-                          "events": new, "held": list(held)})
-            messages.append({"role": "assistant", "content": r["choices"][0]["message"].get("content") or ""})
+        with open(log, "w") as server_log, llama_server_process(cmd, URL, stderr=server_log):
+            messages, turns, held, seen = [], [], [], 0
+            for text in TURNS:
+                messages.append({"role": "user", "content": text})
+                r = httpx.post(URL + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8,
+                                                                   "temperature": 0}, timeout=600).json()
+                time.sleep(0.5)
+                new = events(log.read_text())[seen:]
+                seen += len(new)
+                for kind, n in new:
+                    if kind == "created":
+                        held.append(n)
+                    else:
+                        held.remove(n)
+                turns.append({"prompt_tokens": r["usage"]["prompt_tokens"],
+                              "cached_tokens": r["usage"]["prompt_tokens_details"]["cached_tokens"],
+                              "events": new, "held": list(held)})
+                messages.append({"role": "assistant", "content": r["choices"][0]["message"].get("content") or ""})
         return {"args": [*ARGS, "-cms", str(min_step)], "messages": messages, "turns": turns}
     finally:
-        proc.terminate()
-        proc.wait()
-        log.unlink()
+        log.unlink(missing_ok=True)
 
 
 def main() -> None:
