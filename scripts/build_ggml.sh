@@ -18,7 +18,7 @@
 #
 # Extra CMake flags for the base build come from GGML_CMAKE_ARGS, e.g.
 #   GGML_CMAKE_ARGS="-DGGML_CUDA=ON"                       (NVIDIA GPUs)
-#   GGML_CMAKE_ARGS="-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" (CPUs that have it)
+# (not instruction sets: the base stays the golden data's AVX2 build, the variants add the rest)
 # Never -DGGML_NATIVE=ON on VMs that advertise AMX (SIGSEGV in ldtilecfg).
 set -euo pipefail
 cd "$(dirname "$0")/.."
