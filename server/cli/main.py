@@ -55,7 +55,11 @@ def serve_parser() -> argparse.ArgumentParser:
         prog="ggserve serve", allow_abbrev=False,
         description="Serve a GGUF model over an OpenAI-compatible HTTP API. "
                     "Every option can also be set by the environment variable named "
-                    "after it; the command line wins.")
+                    "after it; the command line wins.",
+        epilog=f"{cpu_variants.ENV}=NAME (environment only: read when ggml loads) chooses the build of "
+               "ggml's CPU backend: auto (default: the best one built that this CPU runs, as llama.cpp's "
+               "releases choose), or one of " + ", ".join(cpu_variants.FEATURES) + " (haswell: the AVX2 "
+               "build the golden data came from). docs/server.md, docs/numerics.md.")
     # --help lists the flags in the order they are added
     add_model_flags(p)
     add_router_flags(p)
