@@ -107,6 +107,15 @@ def test_one_streams_decode_steps_and_a_rare_draft_are_enough_to_fit_a_drafted_r
     assert fixed == pytest.approx(0.00575) and per_row == pytest.approx(0.00225)
 
 
+def test_a_one_token_probe_after_many_decode_steps_is_enough_to_fit_a_drafted_rows_cost():
+    # the 1B Q4_K_M file on 2 cores: a decode step 19 ms, a drafted (solo) row 13 ms more
+    sched = _scheduler()
+    for rows in (1,) * 60 + (2,):         # a long stream's decode steps, then its first draft's verify
+        sched.observe(rows, 0.013 * rows, 0.006 + 0.013 * rows)
+    fixed, per_row = sched.decode_cost.fit()
+    assert fixed == pytest.approx(0.006) and per_row == pytest.approx(0.013)
+
+
 def test_where_rows_cost_most_prompts_arriving_together_go_one_by_one_shortest_first():
     # a CPU: the shortest prompt is answered after its own 40 rows, not after all 200
     sched = _measured(_scheduler(Sequence(Request("a", list(range(100)))), Sequence(Request("b", list(range(40)))),

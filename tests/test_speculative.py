@@ -249,7 +249,7 @@ CPU_1 = (0.0075, 0.0022)
     (8, (0.010, 0.002), 2, 2, 0),     # eight streams, rows dominate: half accepted does not pay
     (8, (0.010, 0.002), 40, 0.2, 8),  # ... nearly always accepted does
     (8, (0.010, 0.00001), 2, 2, 6),   # a GPU: rows are nearly free
-    (8, None, 0, 5, 8),               # before any step was measured: the most allowed
+    (8, None, 0, 5, 1),               # before any step was measured: a one-token probe
 ])
 def test_a_draft_is_as_long_as_pays_for_its_rows(streams, step_cost, accepted, rejected, k):
     assert draft_length(_stream(accepted, rejected), streams, step_cost, 8) == k

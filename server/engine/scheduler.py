@@ -118,8 +118,9 @@ class Scheduler:
         self._decode_rows = 0          # decode rows in the last step planned
         # steps of decodes and their drafts alone: what a drafted row adds to such a step
         # (server/engine/speculative/speculator.py); prompt rows cost less each, they would hide it. One stream's
-        # steps are 1 row and now and then 2 to 9: a spread of about one row tells the slope
-        self.decode_cost = StepCost(min_row_variance=1.0)
+        # steps are 1 row, and its first draft is a 1-token probe: one 2-row step among some
+        # twenty (DECAY's weight) is a spread of 0.05, which has to tell the slope
+        self.decode_cost = StepCost(min_row_variance=0.02)
         self._prompt_rows = 0          # prompt rows in the last step planned
         self._skipped: dict[str, int] = {}     # prompt id -> steps it was passed over in a row
 

@@ -219,9 +219,12 @@ def draft_length(seq, n_streams: int, step_cost, k_max: int) -> int:
     p + p^2 + ... + p^k tokens more for k rows more. One stream on a CPU, where reading
     the weights dominates, drafts long where its drafts are accepted and short or not at
     all where they are not; many streams on a CPU, where rows dominate, draft only what
-    is nearly always accepted; a GPU drafts. Before the step cost is known: k_max."""
+    is nearly always accepted; a GPU drafts. Before the step cost is known: one token,
+    a probe whose verify step measures what a drafted row costs (a blind k_max draft
+    was one stream's longest wait: under kernel parity a drafted row is a solo row,
+    on a CPU about 0.7 of a decode step)."""
     if step_cost is None:
-        return k_max
+        return min(1, k_max)
     fixed, per_row = step_cost
     p = acceptance(seq)
     best_k, best = 0, n_streams / (fixed + per_row * n_streams)
