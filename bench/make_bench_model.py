@@ -17,7 +17,9 @@ The weights are random quantized blocks (random quants, block scales chosen so a
 product's outputs have about unit variance), generated block by block without a
 float copy, so the file is written in seconds. Every matrix has one type (q4_K is
 the bulk of a Q4_K_M file). llama.cpp loads the file as the real architecture;
-the numbers mean nothing, the speed does.
+the numbers mean nothing, the speed does. `--type f16` writes normal weights (std
+1/sqrt(row length)) for llama-quantize: bench/make_quantized_model.py makes the mixes
+users download (Q4_K_M, MXFP4_MOE, ...) from it.
 """
 from __future__ import annotations
 
@@ -98,12 +100,14 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
     for key, value in s.get("extra", {}).items():      # the architecture's own keys
         adder = w.add_bool if isinstance(value, bool) else w.add_uint32 if isinstance(value, int) else w.add_float32
         adder(f"{s['arch']}.{key}", value)
-    w.add_file_type({"q4_0": 2, "q8_0": 7, "q4_K": 15}[qtype])
+    w.add_file_type({"f16": 1, "q4_0": 2, "q8_0": 7, "q4_K": 15}[qtype])
 
     tensors = _tensors(s, n_layer, qtype)
     for name, t, outer, row_len in tensors:       # outer: numpy-order dims before the row
         if t == "f32":
             w.add_tensor_info(name, outer, np.dtype(np.float32), 4 * int(np.prod(outer)))
+        elif t == "f16":
+            w.add_tensor_info(name, (*outer, row_len), np.dtype(np.float16), 2 * int(np.prod(outer)) * row_len)
         else:
             nbytes = row_len // _BLOCKS[t][1] * _BLOCKS[t][0]
             w.add_tensor_info(name, (*outer, nbytes), np.dtype(np.uint8), int(np.prod(outer)) * nbytes, _TYPES[t])
@@ -116,6 +120,8 @@ def write(path: str, shape: str, n_layer: int, qtype: str, src: gguf.GGUFReader,
                 data = (rng.standard_normal(outer) / np.sqrt(outer[-1])).astype(np.float32)
             else:
                 data = np.ones(outer, dtype=np.float32)
+        elif t == "f16":
+            data = (rng.standard_normal((*outer, row_len), dtype=np.float32) / np.sqrt(row_len)).astype(np.float16)
         else:
             rows = int(np.prod(outer))
             data = random_blocks(rng, t, rows, row_len).reshape(*outer, -1)
@@ -198,8 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
     p.add_argument("--layers", type=int, default=None,
                    help="transformer blocks (default: 4 for qwen3-30b-a3b, whose real count is 48; all for the others)")
-    p.add_argument("--type", choices=sorted(_BLOCKS), default="q4_K",
-                   help="type of every matrix (q4_K: the bulk of a Q4_K_M file)")
+    p.add_argument("--type", choices=sorted(_BLOCKS) + ["f16"], default="q4_K",
+                   help="type of every matrix (q4_K: the bulk of a Q4_K_M file; f16: for llama-quantize)")
     p.add_argument("--vocab", type=pathlib.Path, default=None,
                    help="GGUF whose tokenizer.* fields are copied (its vocabulary size must match the shape's)")
     p.add_argument("--out", default=None, help="default: <tempdir>/<shape>-bench.gguf")

@@ -1,16 +1,20 @@
-"""Write a random-weight F16 GGUF with a real dense model's shape and quantize it with
+"""Write a random-weight F16 GGUF with a real model's shape and quantize it with
 llama.cpp's `llama-quantize`, so the file has the mix of types users download
 (Q4_K_M: Q4_K with Q6_K for the embeddings/output and half of attn_v/ffn_down;
-Q5_K_M, Q6_K, Q8_0, IQ4_XS). Not committed: written to a temporary folder.
+Q5_K_M, Q6_K, Q8_0, IQ4_XS; MXFP4_MOE, gpt-oss's: MXFP4 experts, Q8_0 elsewhere).
+Not committed: written to a temporary folder.
 
 - `llama3.2-1b` (default): Llama-3.2-1B (n_embd 2048, 16 layers, 32 q / 8 kv heads
   x 64, n_ff 8192, vocab 128256, output tied to the embeddings, llama3 rope freqs).
 - `llama3.1-8b`: Llama-3.1-8B (n_embd 4096, 32 layers, 32 q / 8 kv heads x 128,
   n_ff 14336, its own output matrix); `--layers` cuts it.
+- the MoE shapes of bench/make_bench_model.py (`qwen3-30b-a3b`, `glm4.5-air`), 4 layers
+  unless `--layers` says; their F16 file is written there (`write(..., "f16")`).
 
 The tokenizer comes from `--vocab`, a GGUF with Llama 3's vocabulary (llama.cpp's
-models/ggml-vocab-llama-bpe.gguf). Weights are normal with std 1/sqrt(row length),
-norms 1: the numbers mean nothing, the speed does.
+models/ggml-vocab-llama-bpe.gguf), or for the MoE shapes the one make_bench_model.py
+names. Weights are normal with std 1/sqrt(row length), norms 1: the numbers mean
+nothing, the speed does.
 
     python bench/make_quantized_model.py --vocab ggml-vocab-llama-bpe.gguf \\
         --llama-quantize /tmp/llama-cpu/build/bin/llama-quantize --types Q4_K_M,Q8_0
@@ -31,6 +35,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_bench_model
 from make_bench_model import add_shape_and_vocab
 
 SHAPES = {
@@ -39,7 +44,8 @@ SHAPES = {
     "llama3.1-8b": dict(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128, n_ff=14336,
                         n_vocab=128256, n_ctx=131072, rope_base=500_000.0, eps=1e-5, tied=False),
 }
-TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS")
+TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "MXFP4_MOE")
+MOE_SHAPES = {name: s for name, s in make_bench_model.SHAPES.items() if s["n_expert"]}
 
 
 def llama3_rope_freqs(head_dim: int, base: float, factor=32.0, low=1.0, high=4.0, orig_ctx=8192) -> np.ndarray:
@@ -98,10 +104,12 @@ def write_f16(path: str, shape: str, n_layer: int, src: gguf.GGUFReader, seed: i
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", choices=sorted(SHAPES), default="llama3.2-1b")
-    p.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the real count)")
-    p.add_argument("--vocab", type=pathlib.Path, required=True,
-                   help="GGUF with Llama 3's vocabulary (llama.cpp's models/ggml-vocab-llama-bpe.gguf)")
+    p.add_argument("--shape", choices=sorted(SHAPES) + sorted(MOE_SHAPES), default="llama3.2-1b")
+    p.add_argument("--layers", type=int, default=None,
+                   help="transformer blocks (default: the real count; 4 for the MoE shapes)")
+    p.add_argument("--vocab", type=pathlib.Path, default=None,
+                   help="GGUF with the shape's vocabulary: Llama 3's (llama.cpp's models/ggml-vocab-llama-bpe.gguf) "
+                        "for the llama shapes; the MoE shapes have a default")
     p.add_argument("--llama-quantize", required=True, help="llama.cpp's llama-quantize binary")
     p.add_argument("--types", default="Q4_K_M", help=f"comma-separated llama-quantize types ({', '.join(TYPES)})")
     p.add_argument("--out-dir", default=tempfile.gettempdir())
@@ -109,16 +117,24 @@ def main(argv=None) -> int:
     p.add_argument("--keep-f16", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    s = SHAPES[a.shape]
-    layers = a.layers or s["n_layer"]
-    src = gguf.GGUFReader(str(a.vocab))
+    moe = a.shape in MOE_SHAPES
+    s = MOE_SHAPES[a.shape] if moe else SHAPES[a.shape]
+    layers = a.layers or (4 if moe else s["n_layer"])
+    vocab = a.vocab or (make_bench_model.VOCAB_SOURCES[a.shape] if moe else None)
+    if vocab is None or not vocab.is_file():
+        print(f"vocabulary source missing: {vocab or 'give --vocab'}", file=sys.stderr)
+        return 1
+    src = gguf.GGUFReader(str(vocab))
     n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     if n_vocab != s["n_vocab"]:
-        print(f"{a.vocab}: {n_vocab} tokens, {a.shape} has {s['n_vocab']}", file=sys.stderr)
+        print(f"{vocab}: {n_vocab} tokens, {a.shape} has {s['n_vocab']}", file=sys.stderr)
         return 1
     stem = os.path.join(a.out_dir, a.shape + (f"-{layers}l" if layers != s["n_layer"] else ""))
     f16 = stem + "-F16.gguf"
-    write_f16(f16, a.shape, layers, src, a.seed)
+    if moe:
+        make_bench_model.write(f16, a.shape, layers, "f16", src, a.seed)
+    else:
+        write_f16(f16, a.shape, layers, src, a.seed)
     for qtype in a.types.split(","):
         out = f"{stem}-{qtype}.gguf"
         r = subprocess.run([a.llama_quantize, f16, out, qtype, str(a.threads)], capture_output=True, text=True, check=False)
