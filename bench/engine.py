@@ -16,6 +16,9 @@ engine's own functions, by cProfile over the tg run), the decode graph's nodes b
 (Graph.ops()), and what kernel parity (batch invariance) costs a lone row: tg with
 --no-kernel-parity beside it, same run; and what ggserve's own CPU kernels give
 (native/kernels/matmul.c): pp and tg with ggml's kernels for every product.
+--read-limit: tg as a share of the physical limit, the machine's memory read speed
+(bench/read_bandwidth.c, measured before and after the run) over the bytes a decode
+token reads (bench/read_limit.py).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import envelope, write_json  # noqa: E402
+from read_limit import decode_bytes, read_bandwidth  # noqa: E402
 
 import ggserve.native  # noqa: E402
 from ggserve.native import cpu_variants  # noqa: E402
@@ -163,11 +167,15 @@ def main(argv=None) -> int:
     p.add_argument("--parts", action="store_true",
                    help="where a decode step's time goes, and beside it tg without kernel parity and "
                         "with ggml's kernels instead of ggserve's own")
+    p.add_argument("--read-limit", action="store_true",
+                   help="tg as a share of the memory's read speed over the bytes a decode token reads")
     p.add_argument("--out", default="bench/results/engine.json")
     args = p.parse_args(argv)
     model = args.model or default_model_path()
 
     results = []
+    # the read speed moves between runs on a shared host: measured on both sides of the run
+    read_speeds = [read_bandwidth(args.threads)] if args.read_limit else []
     # A B B A ...: slow drift on a shared machine hits both; medians over rounds
     rounds = max(1, args.rounds) if args.llama_bench else 1
     for r in range(rounds):
@@ -183,6 +191,9 @@ def main(argv=None) -> int:
         runs += [plain, ggml_kernels] if args.parts else []
         for run in (runs if r % 2 == 0 else runs[::-1]):
             run()
+
+    if args.read_limit:
+        read_speeds.append(read_bandwidth(args.threads))
 
     def med(impl, key):
         vals = [r[key] for r in results if r["impl"] == impl]
@@ -206,6 +217,16 @@ def main(argv=None) -> int:
         ratios["tg_cpu_kernels_gain"] = med("ggserve", "tg_tps") / med("ggserve-ggml-kernels", "tg_tps")
         ratios["pp_cpu_kernels_gain"] = med("ggserve", "pp_tps") / med("ggserve-ggml-kernels", "pp_tps")
     print(f"Python overhead per decode step: {100 * med('ggserve', 'python_overhead_share'):.1f}%")
+    if args.read_limit:
+        nbytes = decode_bytes(model)
+        lo, hi = (min(read_speeds) * 1e9 / nbytes, max(read_speeds) * 1e9 / nbytes)
+        shares = {impl: (med(impl, "tg_tps") / hi, med(impl, "tg_tps") / lo) for impl in ("ggserve", "llama.cpp")
+                  if med(impl, "tg_tps")}
+        print(f"read limit: a decode token reads {nbytes / 1e6:.0f} MB, {args.threads} threads read "
+              f"{', '.join(f'{g:.1f}' for g in read_speeds)} GB/s (before, after): at most {lo:.1f}-{hi:.1f} tok/s; "
+              + ", ".join(f"{impl} tg at {a:.2f}-{b:.2f} of it" for impl, (a, b) in shares.items()))
+        results.append({"impl": "read-limit", "decode_bytes": nbytes, "read_gbs": read_speeds,
+                        "tg_share": {impl: list(v) for impl, v in shares.items()}})
     if args.parts:
         parts = decode_parts(model, args.threads, args.n_gen)
         print_parts(parts)
