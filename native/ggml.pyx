@@ -50,6 +50,11 @@ def q6_k_dot_supported() -> bool:
     """Does ggserve's kernel for Q6_K weights (native/kernels/q6k_dot.c) run here."""
     return ggserve_q6_k_dot_supported() != 0
 
+
+def iq4_xs_dot_supported() -> bool:
+    """Does ggserve's kernel for IQ4_XS weights (native/kernels/iq4xs_dot.c) run here."""
+    return ggserve_iq4_xs_dot_supported() != 0
+
 include "ggml_types.pxi"
 include "ggml_tensors.pxi"
 include "ggml_graph.pxi"

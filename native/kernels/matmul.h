@@ -16,9 +16,14 @@ void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
 // a decode step's rows: quantized inside the op, the weights streamed once
 #define FEW_ROWS_MAX 16
 
-// dst [M, N] f32 = src[0] (Q6_K [K, M], not repacked) x src[1] (F32 [K, N],
-// N <= Q6_K_DOT_ROWS_MAX: the rows ggml computes by vec_dot; q6k_dot.c). Needs
-// AVX512-VNNI (ggserve_q6_k_dot_supported).
-#define Q6_K_DOT_ROWS_MAX 7
+// ggml computes products of fewer than 8 rows by k-quant-sized weights (not repacked)
+// one vec_dot per row against the rows quantized to Q8_K (q8k_rows.h): ggserve's
+// kernels take those, for Q6_K (q6k_dot.c) and IQ4_XS (iq4xs_dot.c). They need
+// AVX512-VNNI (the _supported functions).
+#define Q8K_DOT_ROWS_MAX 7
+// dst [M, N] f32 = src[0] (Q6_K [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
 int ggserve_q6_k_dot_supported(void);
 void ggserve_q6_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+// dst [M, N] f32 = src[0] (IQ4_XS [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
+int ggserve_iq4_xs_dot_supported(void);
+void ggserve_iq4_xs_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata);

@@ -13,15 +13,10 @@
 // lane for lane the same sums) and the float steps are ggml's, in ggml's order.
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "ggml.h"
-#include "ggml-cpu.h"
 #include "hsum.h"
 #include "matmul.h"
-
-#define QK_K 256
+#include "q8k_rows.h"
 
 typedef struct {          // ggml-common.h
     uint8_t ql[QK_K / 2];
@@ -30,15 +25,8 @@ typedef struct {          // ggml-common.h
     uint16_t d;
 } block_q6_K;
 
-typedef struct {
-    float d;
-    int8_t qs[QK_K];
-    int16_t bsums[QK_K / 16];
-} block_q8_K;
-
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-
-VNNI static float dot_row(int nb, const block_q6_K * x, const block_q8_K * y) {
+Q8K_VNNI static float dot_row(int nb, const void * row, const block_q8_K * y) {
+    const block_q6_K * x = row;
     // two chunks in a 512-bit vector: the low half takes the first's high bits
     // (qh bits 0-1 or 4-5), the high half the second's (bits 2-3 or 6-7)
     const __m512i m15 = _mm512_set1_epi8(15);
@@ -79,42 +67,11 @@ VNNI static float dot_row(int nb, const block_q6_K * x, const block_q8_K * y) {
 }
 
 int ggserve_q6_k_dot_supported(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
-        && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c")
-        && __builtin_cpu_supports("fma");
+    return q8k_vnni_supported();
 }
 
-// The custom op: dst [M, N] f32 = src[0] (Q6_K [K, M]) x src[1] (F32 [K, N],
-// N <= Q6_K_DOT_ROWS_MAX). Each thread quantizes the rows to Q8_K itself, by ggml's own
-// from_float as ggml's mul_mat does, then takes an even share of the weight rows; each
-// weight row meets every activation row while it is in cache.
+// dst [M, N] f32 = src[0] (Q6_K [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
 void ggserve_q6_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
-    const struct ggml_tensor * w = dst->src[0];
-    const struct ggml_tensor * x = dst->src[1];
-    const int64_t K = w->ne[0], M = w->ne[1], N = x->ne[1];
-    const int nb = (int) (K / QK_K);
-    const int64_t per_thread = (M + nth - 1) / nth;
-    const int64_t m0 = ith * per_thread, m1 = m0 + per_thread < M ? m0 + per_thread : M;
-    if (m0 >= m1) {
-        return;
-    }
-    block_q8_K * q = aligned_alloc(64, ((size_t) N * nb * sizeof(block_q8_K) + 63) & ~(size_t) 63);
-    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
-    for (int64_t n = 0; n < N; n++) {
-        quantize((const float *) ((const char *) x->data + n * x->nb[1]), q + n * nb, K);
-    }
-    for (int64_t m = m0; m < m1; m++) {
-        const block_q6_K * row = (const block_q6_K *) ((const char *) w->data + m * w->nb[1]);
-        if (m + 1 < m1) {
-            for (size_t line = 0; line < nb * sizeof(block_q6_K); line += 64) {
-                _mm_prefetch((const char *) row + w->nb[1] + line, _MM_HINT_T0);
-            }
-        }
-        for (int64_t n = 0; n < N; n++) {
-            ((float *) ((char *) dst->data + n * dst->nb[1]))[m] = dot_row(nb, row, q + n * nb);
-        }
-    }
-    free(q);
+    q8k_rows_product(dst, ith, nth, dot_row);
 }

@@ -1,0 +1,65 @@
+// The op around a vec_dot kernel of ggserve's own (q6k_dot.c, iq4xs_dot.c): weights of
+// a k-quant-sized block type times a decode step's few f32 rows, which ggml computes
+// one vec_dot per (weight row, activation row) against the rows quantized to Q8_K.
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#define QK_K 256
+
+typedef struct {          // ggml-common.h
+    float d;
+    int8_t qs[QK_K];
+    int16_t bsums[QK_K / 16];
+} block_q8_K;
+
+// one weight row (nb blocks) dotted with one Q8_K row, as ggml's vec_dot
+typedef float (*q8k_row_dot)(int nb, const void * w_row, const block_q8_K * y);
+
+// dst [M, N] f32 = src[0] ([K, M], block type) x src[1] (F32 [K, N]). Each thread quantizes
+// the rows to Q8_K itself, by ggml's own from_float as ggml's mul_mat does, then takes an
+// even share of the weight rows; each weight row meets every activation row while it is
+// in cache. Inlined into each kernel's op, so `dot` is a direct call.
+static inline void q8k_rows_product(struct ggml_tensor * dst, int ith, int nth, q8k_row_dot dot) {
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const int64_t K = w->ne[0], M = w->ne[1], N = x->ne[1];
+    const int nb = (int) (K / QK_K);
+    const int64_t per_thread = (M + nth - 1) / nth;
+    const int64_t m0 = ith * per_thread, m1 = m0 + per_thread < M ? m0 + per_thread : M;
+    if (m0 >= m1) {
+        return;
+    }
+    block_q8_K * q = aligned_alloc(64, ((size_t) N * nb * sizeof(block_q8_K) + 63) & ~(size_t) 63);
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
+    for (int64_t n = 0; n < N; n++) {
+        quantize((const float *) ((const char *) x->data + n * x->nb[1]), q + n * nb, K);
+    }
+    const size_t row_bytes = w->nb[1];
+    for (int64_t m = m0; m < m1; m++) {
+        const char * row = (const char *) w->data + m * row_bytes;
+        if (m + 1 < m1) {
+            for (size_t line = 0; line < row_bytes; line += 64) {
+                _mm_prefetch(row + row_bytes + line, _MM_HINT_T0);
+            }
+        }
+        for (int64_t n = 0; n < N; n++) {
+            ((float *) ((char *) dst->data + n * dst->nb[1]))[m] = dot(nb, row, q + n * nb);
+        }
+    }
+    free(q);
+}
+
+// what the VNNI kernels need of the CPU
+static inline int q8k_vnni_supported(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+        && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c")
+        && __builtin_cpu_supports("fma");
+}
+
+#define Q8K_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
