@@ -36,7 +36,8 @@ def _extensions():
     for pyx in sorted(glob.glob("native/*.pyx")):
         name = "ggserve.native." + os.path.splitext(os.path.basename(pyx))[0]
         # the ggml module carries ggserve's own CPU kernels beside its bindings
-        sources = [pyx] + (["native/kernels/matmul.c", "native/kernels/q6k_dot.c", "native/kernels/iq4xs_dot.c"] if name.endswith(".ggml") else [])
+        sources = [pyx] + (["native/kernels/matmul.c", "native/kernels/q5k_dot.c", "native/kernels/q6k_dot.c",
+                            "native/kernels/iq4xs_dot.c"] if name.endswith(".ggml") else [])
         exts.append(
             Extension(
                 name,

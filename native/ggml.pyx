@@ -51,6 +51,11 @@ def q6_k_dot_supported() -> bool:
     return ggserve_q6_k_dot_supported() != 0
 
 
+def q5_k_dot_supported() -> bool:
+    """Does ggserve's kernel for Q5_K weights (native/kernels/q5k_dot.c) run here."""
+    return ggserve_q5_k_dot_supported() != 0
+
+
 def iq4_xs_dot_supported() -> bool:
     """Does ggserve's kernel for IQ4_XS weights (native/kernels/iq4xs_dot.c) run here."""
     return ggserve_iq4_xs_dot_supported() != 0

@@ -10,7 +10,7 @@ cdef extern from "ggml.h":
     enum ggml_type:
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
         GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_I32, GGML_TYPE_I64, GGML_TYPE_BF16,
-        GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_1, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS
+        GGML_TYPE_IQ4_NL, GGML_TYPE_Q8_1, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K
 
     enum ggml_op_hint:
         GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD
@@ -278,7 +278,9 @@ cdef extern from "matmul.h":
     int ggserve_matmul_isa(int allow_vnni)
     void ggserve_q4_1_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
     void ggserve_q8_0_matmul(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
-    # Q6_K and IQ4_XS weights times a decode step's rows (native/kernels/q6k_dot.c, iq4xs_dot.c)
+    # Q5_K, Q6_K and IQ4_XS weights times a decode step's rows (native/kernels/q5k_dot.c, q6k_dot.c, iq4xs_dot.c)
+    int ggserve_q5_k_dot_supported()
+    void ggserve_q5_k_dot(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
     int ggserve_q6_k_dot_supported()
     void ggserve_q6_k_dot(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
     int ggserve_iq4_xs_dot_supported()

@@ -5,6 +5,7 @@
 CPU_KERNEL_FEW_ROWS = FEW_ROWS_MAX
 
 
+cdef bint _q5_k_dot_ok = ggserve_q5_k_dot_supported() != 0
 cdef bint _q6_k_dot_ok = ggserve_q6_k_dot_supported() != 0
 cdef bint _iq4_xs_dot_ok = ggserve_iq4_xs_dot_supported() != 0
 
@@ -12,14 +13,15 @@ cdef bint _iq4_xs_dot_ok = ggserve_iq4_xs_dot_supported() != 0
 cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
     """Does one of ggserve's kernels take mul_mat(w, x): f32 rows times weights in host
     memory (not on a device): Q4_1 with any number of rows, Q8_0 with a decode step's
-    few (more go to llamafile's tiled kernel, which ggml has for Q8_0), Q6_K and IQ4_XS
+    few (more go to llamafile's tiled kernel, which ggml has for Q8_0), Q5_K, Q6_K and IQ4_XS
     with the rows ggml's vec_dot computes (from 8 its tiled kernel takes them)."""
     if x.type != GGML_TYPE_F32 or x.nb[0] != 4 or w.ne[2] != 1 or w.ne[3] != 1 or x.ne[2] != 1 or x.ne[3] != 1:
         return False
     if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
         return False
     return (w.type == GGML_TYPE_Q4_1 or (w.type == GGML_TYPE_Q8_0 and x.ne[1] <= FEW_ROWS_MAX)
-            or (x.ne[1] <= Q8K_DOT_ROWS_MAX and ((_q6_k_dot_ok and w.type == GGML_TYPE_Q6_K)
+            or (x.ne[1] <= Q8K_DOT_ROWS_MAX and ((_q5_k_dot_ok and w.type == GGML_TYPE_Q5_K)
+                                                  or (_q6_k_dot_ok and w.type == GGML_TYPE_Q6_K)
                                                   or (_iq4_xs_dot_ok and w.type == GGML_TYPE_IQ4_XS))))
 
 
@@ -149,7 +151,7 @@ cdef class Graph:
         return self._t(r)
 
     cdef ggml_tensor * _own_mul_mat(self, ggml_tensor * w, ggml_tensor * x):
-        """mul_mat(w, x) by native/kernels/ (matmul.c, q6k_dot.c, iq4xs_dot.c): the same floats as ggml's. A Q4_1
+        """mul_mat(w, x) by native/kernels/ (matmul.c, q5k_dot.c, q6k_dot.c, iq4xs_dot.c): the same floats as ggml's. A Q4_1
         product's x is quantized to Q8_1 as ggml's mul_mat quantizes it: by a node of
         its own (all threads share the work) or, for a decode step's few rows, by each
         thread inside the op (one barrier fewer); a Q8_0 product's few rows, inside the op."""
@@ -159,6 +161,9 @@ cdef class Graph:
         if w.type == GGML_TYPE_Q8_0:
             return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                                   ggserve_q8_0_matmul, GGML_N_TASKS_MAX, NULL)
+        if w.type == GGML_TYPE_Q5_K:
+            return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
+                                  ggserve_q5_k_dot, GGML_N_TASKS_MAX, NULL)
         if w.type == GGML_TYPE_Q6_K:
             return ggml_custom_4d(self.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
                                   ggserve_q6_k_dot, GGML_N_TASKS_MAX, NULL)

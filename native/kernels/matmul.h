@@ -18,9 +18,12 @@ void ggserve_q8_0_matmul(struct ggml_tensor * dst, int ith, int nth, void * user
 
 // ggml computes products of fewer than 8 rows by k-quant-sized weights (not repacked)
 // one vec_dot per row against the rows quantized to Q8_K (q8k_rows.h): ggserve's
-// kernels take those, for Q6_K (q6k_dot.c) and IQ4_XS (iq4xs_dot.c). They need
+// kernels take those, for Q5_K (q5k_dot.c), Q6_K (q6k_dot.c) and IQ4_XS (iq4xs_dot.c). They need
 // AVX512-VNNI (the _supported functions).
 #define Q8K_DOT_ROWS_MAX 7
+// dst [M, N] f32 = src[0] (Q5_K [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
+int ggserve_q5_k_dot_supported(void);
+void ggserve_q5_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata);
 // dst [M, N] f32 = src[0] (Q6_K [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
 int ggserve_q6_k_dot_supported(void);
 void ggserve_q6_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata);

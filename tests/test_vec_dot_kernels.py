@@ -1,0 +1,86 @@
+"""ggserve's kernels for Q5_K and IQ4_XS weights times a decode step's few rows
+(native/kernels/q5k_dot.c, iq4xs_dot.c) give ggml's floats bit for bit.
+
+The weights are random blocks of each type (every nibble, high bit, 6-bit scale and
+min the format has; block scales of a real matrix's size, some negative) in a GGUF of
+their own, loaded as llama.cpp loads weights (neither type is repacked on x86); the
+reference is ggml's mul_mat on the same tensor with ggserve's kernels off: its
+vec_dot for each of fewer than eight rows, as llama.cpp computes them. (Q6_K's kernel
+is checked on Gemma 3's own matrices: tests/test_q6_k_kernel.py.)
+"""
+import gguf
+import numpy as np
+import pytest
+
+from ggserve.native import ggml
+from ggserve.native.gguf_file import GGUFFile
+
+K, M = 2048, 640                      # a 1B model's n_embd; rows split unevenly over 3 threads
+# per 256-value block: its bytes, and how many f16 block scales lead it (d; Q5_K: d, dmin)
+TYPES = {"IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, 136, 1, ggml.iq4_xs_dot_supported()),
+         "Q5_K": (gguf.GGMLQuantizationType.Q5_K, 176, 2, ggml.q5_k_dot_supported())}
+
+
+@pytest.fixture(scope="module", params=sorted(TYPES))
+def weights_file(request, tmp_path_factory):
+    qtype, block_bytes, n_scales, supported = TYPES[request.param]
+    if not supported:
+        pytest.skip("the kernel needs AVX512-VNNI")
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, size=(M, K // 256, block_bytes), dtype=np.uint8)
+    scales = rng.uniform(0.0005, 0.002, size=(M, K // 256, n_scales)).astype(np.float16)
+    scales[:, ::5] *= -1                                                   # negative block scales too
+    blocks[:, :, :2 * n_scales] = scales.view(np.uint8).reshape(M, K // 256, 2 * n_scales)
+    path = str(tmp_path_factory.mktemp(request.param) / "w.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("w.weight", blocks.reshape(M, -1), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda t: f"{t}threads")
+def matrix(request, weights_file):
+    """(backend with that many threads, the matrix [K, M])."""
+    b = ggml.Backend(n_threads=request.param, use_gpu=False)
+    buffers = b.load_weights(GGUFFile(weights_file), {})
+    yield b, buffers["CPU"].tensors["w.weight"]
+    b.close()
+
+
+def _product(backend, w, x, own):
+    """mul_mat(w, x) for x [n, k] float32, and the ops the graph ran."""
+    backend.cpu_kernels = own
+    try:
+        g = backend.graph()
+    finally:
+        backend.cpu_kernels = True
+    inp = g.input("x", ggml.F32, (x.shape[1], x.shape[0]))
+    y = g.output(g.mul_mat(w, inp))
+    backend.compute(g, {inp: x})
+    result, ops = y.read().reshape(x.shape[0], -1), [op for op, _, _ in g.ops()]
+    g.close()
+    return result, ops
+
+
+def _x(n_rows):
+    return np.random.default_rng(n_rows).standard_normal((n_rows, K), dtype=np.float32)
+
+
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 7])
+def test_a_product_of_a_few_rows_equals_ggml_bit_for_bit(matrix, n_rows):
+    backend, w = matrix
+    x = _x(n_rows)
+    ours, ops = _product(backend, w, x, own=True)
+    theirs, ggml_ops = _product(backend, w, x, own=False)
+    assert ops == ["CUSTOM"] and ggml_ops == ["MUL_MAT"]
+    assert np.isfinite(theirs).all() and np.abs(theirs).max() > 0
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
+def test_eight_rows_stay_with_ggmls_tiled_kernel(matrix):
+    backend, w = matrix
+    _, ops = _product(backend, w, _x(8), own=True)
+    assert ops == ["MUL_MAT"]
