@@ -1,12 +1,12 @@
-"""ggserve's kernels for Q5_K and IQ4_XS weights times a decode step's few rows
-(native/kernels/q5k_dot.c, iq4xs_dot.c) give ggml's floats bit for bit.
+"""ggserve's kernels for Q5_K, Q6_K and IQ4_XS weights times a decode step's few rows
+(native/kernels/q5k_dot.c, q6k_dot.c, iq4xs_dot.c) give ggml's floats bit for bit.
 
-The weights are random blocks of each type (every nibble, high bit, 6-bit scale and
-min the format has; block scales of a real matrix's size, some negative) in a GGUF of
-their own, loaded as llama.cpp loads weights (neither type is repacked on x86); the
-reference is ggml's mul_mat on the same tensor with ggserve's kernels off: its
-vec_dot for each of fewer than eight rows, as llama.cpp computes them. (Q6_K's kernel
-is checked on Gemma 3's own matrices: tests/test_q6_k_kernel.py.)
+Q6_K's weights are Gemma 3's own Q6_K matrix; Q5_K's and IQ4_XS's are random blocks
+(every nibble, high bit, 6-bit scale and min the format has; block scales of a real
+matrix's size, some negative) in a GGUF of their own. All are loaded as llama.cpp loads
+weights (none of the three is repacked on x86). The reference is ggml's mul_mat on the
+same tensor with ggserve's kernels off: its vec_dot for each of fewer than eight rows,
+as llama.cpp computes them.
 """
 import gguf
 import numpy as np
@@ -16,37 +16,46 @@ from ggserve.native import ggml
 from ggserve.native.gguf_file import GGUFFile
 
 K, M = 2048, 640                      # a 1B model's n_embd; rows split unevenly over 3 threads
-# per 256-value block: its bytes, and how many f16 block scales lead it (d; Q5_K: d, dmin)
-TYPES = {"IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, 136, 1, ggml.iq4_xs_dot_supported()),
-         "Q5_K": (gguf.GGMLQuantizationType.Q5_K, 176, 2, ggml.q5_k_dot_supported())}
+GEMMA3_Q6_K = "blk.0.ffn_down.weight"  # Q6_K, k 2048, 640 rows
+# random blocks: per 256 values their bytes, and how many f16 block scales lead them (d; Q5_K: d, dmin)
+RANDOM = {"IQ4_XS": (gguf.GGMLQuantizationType.IQ4_XS, 136, 1), "Q5_K": (gguf.GGMLQuantizationType.Q5_K, 176, 2)}
+SUPPORTED = {"IQ4_XS": ggml.iq4_xs_dot_supported(), "Q5_K": ggml.q5_k_dot_supported(),
+             "Q6_K": ggml.q6_k_dot_supported()}
 
 
-@pytest.fixture(scope="module", params=sorted(TYPES))
-def weights_file(request, tmp_path_factory):
-    qtype, block_bytes, n_scales, supported = TYPES[request.param]
-    if not supported:
-        pytest.skip("the kernel needs AVX512-VNNI")
+def _random_weights(path: str, qtype, block_bytes: int, n_scales: int) -> None:
     rng = np.random.default_rng(0)
     blocks = rng.integers(0, 256, size=(M, K // 256, block_bytes), dtype=np.uint8)
     scales = rng.uniform(0.0005, 0.002, size=(M, K // 256, n_scales)).astype(np.float16)
     scales[:, ::5] *= -1                                                   # negative block scales too
     blocks[:, :, :2 * n_scales] = scales.view(np.uint8).reshape(M, K // 256, 2 * n_scales)
-    path = str(tmp_path_factory.mktemp(request.param) / "w.gguf")
     w = gguf.GGUFWriter(path, "llama")
     w.add_tensor("w.weight", blocks.reshape(M, -1), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+
+
+@pytest.fixture(scope="module", params=["IQ4_XS", "Q5_K", "Q6_K"])
+def weights(request, tmp_path_factory, gemma3_path):
+    """(GGUF path, tensor name) of a matrix of that type."""
+    if not SUPPORTED[request.param]:
+        pytest.skip("the kernel needs AVX512-VNNI")
+    if request.param == "Q6_K":
+        return gemma3_path, GEMMA3_Q6_K
+    path = str(tmp_path_factory.mktemp(request.param) / "w.gguf")
+    _random_weights(path, *RANDOM[request.param])
+    return path, "w.weight"
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda t: f"{t}threads")
-def matrix(request, weights_file):
+def matrix(request, weights):
     """(backend with that many threads, the matrix [K, M])."""
+    path, name = weights
     b = ggml.Backend(n_threads=request.param, use_gpu=False)
-    buffers = b.load_weights(GGUFFile(weights_file), {})
-    yield b, buffers["CPU"].tensors["w.weight"]
+    buffers = b.load_weights(GGUFFile(path), {})
+    yield b, buffers["CPU"].tensors[name]
     b.close()
 
 
