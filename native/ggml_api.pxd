@@ -285,6 +285,9 @@ cdef extern from "matmul.h":
     void ggserve_q6_k_dot(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
     int ggserve_iq4_xs_dot_supported()
     void ggserve_iq4_xs_dot(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    void ggserve_q5_k_dot_id(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    void ggserve_q6_k_dot_id(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
+    void ggserve_iq4_xs_dot_id(ggml_tensor * dst, int ith, int nth, void * userdata) noexcept nogil
     enum: Q8K_DOT_ROWS_MAX
     enum: FEW_ROWS_MAX
 

@@ -25,6 +25,23 @@ cdef bint _own_kernel_takes(ggml_tensor * w, ggml_tensor * x):
                                                   or (_iq4_xs_dot_ok and w.type == GGML_TYPE_IQ4_XS))))
 
 
+cdef void * _own_expert_kernel(ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids):
+    """ggserve's kernel for mul_mat_id(w, x, ids), or NULL: Q5_K, Q6_K and IQ4_XS expert
+    stacks in host memory times at most Q8K_DOT_ROWS_MAX tokens, where ggml computes
+    every expert's rows by vec_dot (from 8 rows of one expert its tiled kernel takes them)."""
+    if x.type != GGML_TYPE_F32 or x.nb[0] != 4 or x.ne[3] != 1 or w.ne[3] != 1 or ids.type != GGML_TYPE_I32:
+        return NULL
+    if x.ne[2] > Q8K_DOT_ROWS_MAX or w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
+        return NULL
+    if _q5_k_dot_ok and w.type == GGML_TYPE_Q5_K:
+        return <void *> ggserve_q5_k_dot_id
+    if _q6_k_dot_ok and w.type == GGML_TYPE_Q6_K:
+        return <void *> ggserve_q6_k_dot_id
+    if _iq4_xs_dot_ok and w.type == GGML_TYPE_IQ4_XS:
+        return <void *> ggserve_iq4_xs_dot_id
+    return NULL
+
+
 cdef class Graph:
     """A compute graph under construction: the ops models are written with.
 
@@ -233,6 +250,12 @@ cdef class Graph:
     def mul_mat_id(self, Tensor experts, Tensor x, Tensor ids):
         """experts: [k, m, n_expert], x: [k, n_x, n_tokens] (n_x 1 or n_used),
         ids: i32 [n_used, n_tokens] -> [m, n_used, n_tokens]: x times each chosen expert."""
+        cdef ggml_tensor * args[3]
+        cdef void * kernel = _own_expert_kernel(experts.ptr, x.ptr, ids.ptr) if self.cpu_kernels else NULL
+        if kernel != NULL:
+            args[0], args[1], args[2] = experts.ptr, x.ptr, ids.ptr
+            return self._t(ggml_custom_4d(self.ctx, GGML_TYPE_F32, experts.ptr.ne[1], ids.ptr.ne[0], x.ptr.ne[2], 1,
+                                          args, 3, <ggml_custom_op_t> kernel, GGML_N_TASKS_MAX, NULL))
         return self._t(ggml_mul_mat_id(self.ctx, experts.ptr, x.ptr, ids.ptr))
     def add_id(self, Tensor a, Tensor b, Tensor ids):
         """a: [m, n_used, n_tokens] plus row ids[j, t] of b ([m, n_expert]): per-expert biases."""

@@ -30,3 +30,9 @@ void ggserve_q6_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdat
 // dst [M, N] f32 = src[0] (IQ4_XS [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
 int ggserve_iq4_xs_dot_supported(void);
 void ggserve_iq4_xs_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+// the same kernels for ggml_mul_mat_id's expert products of up to Q8K_DOT_ROWS_MAX tokens:
+// dst [M, n_used, T] f32 from src[0] (experts [K, M, n_expert]), src[1] (F32 [K, 1 or n_used, T]),
+// src[2] (I32 ids [n_used, T])
+void ggserve_q5_k_dot_id(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+void ggserve_q6_k_dot_id(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+void ggserve_iq4_xs_dot_id(struct ggml_tensor * dst, int ith, int nth, void * userdata);

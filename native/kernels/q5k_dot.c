@@ -88,3 +88,10 @@ void ggserve_q5_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdat
     (void) userdata;
     q8k_rows_product(dst, ith, nth, dot_row);
 }
+
+// dst [M, n_used, T] f32 = ggml_mul_mat_id(src[0] (Q5_K experts [K, M, n_expert]), src[1], src[2]),
+// T <= Q8K_DOT_ROWS_MAX
+void ggserve_q5_k_dot_id(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
+    (void) userdata;
+    q8k_experts_product(dst, ith, nth, dot_row);
+}

@@ -63,3 +63,55 @@ static inline int q8k_vnni_supported(void) {
 }
 
 #define Q8K_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// The same for ggml_mul_mat_id: dst [M, n_used, T] f32, dst[m, j, t] = expert ids[j, t]
+// (src[0]: [K, M, n_expert]) row m times src[1] ([K, n_x, T] f32, n_x 1 or n_used) row
+// j % n_x of token t. ggml computes each such output by one vec_dot against that row
+// quantized to Q8_K while an expert has fewer than 8 rows (T <= Q8K_DOT_ROWS_MAX).
+// Each thread quantizes every row, then takes an even share of the weight rows of
+// every expert chosen; an expert's row meets all the rows that chose it in turn.
+static inline void q8k_experts_product(struct ggml_tensor * dst, int ith, int nth, q8k_row_dot dot) {
+    const struct ggml_tensor * w = dst->src[0];
+    const struct ggml_tensor * x = dst->src[1];
+    const struct ggml_tensor * ids = dst->src[2];
+    const int64_t K = w->ne[0], M = w->ne[1], n_x = x->ne[1], T = x->ne[2], n_used = ids->ne[0];
+    const int nb = (int) (K / QK_K);
+    const int64_t per_thread = (M + nth - 1) / nth;
+    const int64_t m0 = ith * per_thread, m1 = m0 + per_thread < M ? m0 + per_thread : M;
+    if (m0 >= m1) {
+        return;
+    }
+    block_q8_K * q = aligned_alloc(64, ((size_t) n_x * T * nb * sizeof(block_q8_K) + 63) & ~(size_t) 63);
+    const ggml_from_float_t quantize = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t i = 0; i < n_x; i++) {
+            quantize((const float *) ((const char *) x->data + t * x->nb[2] + i * x->nb[1]), q + (t * n_x + i) * nb, K);
+        }
+    }
+    const int64_t n_pairs = n_used * T;
+    for (int64_t p = 0; p < n_pairs; p++) {
+        const int64_t j = p % n_used, t = p / n_used;
+        const int32_t e = *(const int32_t *) ((const char *) ids->data + t * ids->nb[1] + j * ids->nb[0]);
+        int first = 1;               // each expert once: at the first pair that chose it
+        for (int64_t p2 = 0; p2 < p && first; p2++) {
+            first = *(const int32_t *) ((const char *) ids->data + (p2 / n_used) * ids->nb[1]
+                                        + (p2 % n_used) * ids->nb[0]) != e;
+        }
+        if (!first) {
+            continue;
+        }
+        const char * expert = (const char *) w->data + e * w->nb[2];
+        for (int64_t m = m0; m < m1; m++) {
+            const char * row = expert + m * w->nb[1];
+            for (int64_t p2 = p; p2 < n_pairs; p2++) {
+                const int64_t j2 = p2 % n_used, t2 = p2 / n_used;
+                if (*(const int32_t *) ((const char *) ids->data + t2 * ids->nb[1] + j2 * ids->nb[0]) != e) {
+                    continue;
+                }
+                float * out = (float *) ((char *) dst->data + t2 * dst->nb[2] + j2 * dst->nb[1]);
+                out[m] = dot(nb, row, q + (t2 * n_x + j2 % n_x) * nb);
+            }
+        }
+    }
+    free(q);
+}
