@@ -66,19 +66,4 @@ Q8K_VNNI static float dot_row(int nb, const void * row, const block_q8_K * y) {
     return hsum_float_8(acc);
 }
 
-int ggserve_q6_k_dot_supported(void) {
-    return q8k_vnni_supported();
-}
-
-// dst [M, N] f32 = src[0] (Q6_K [K, M]) x src[1] (F32 [K, N], N <= Q8K_DOT_ROWS_MAX)
-void ggserve_q6_k_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) userdata;
-    q8k_rows_product(dst, ith, nth, dot_row);
-}
-
-// dst [M, n_used, T] f32 = ggml_mul_mat_id(src[0] (Q6_K experts [K, M, n_expert]), src[1], src[2]),
-// T <= Q8K_DOT_ROWS_MAX
-void ggserve_q6_k_dot_id(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
-    (void) userdata;
-    q8k_experts_product(dst, ith, nth, dot_row);
-}
+Q8K_DOT_OPS(q6_k, dot_row)

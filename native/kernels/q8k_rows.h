@@ -115,3 +115,16 @@ static inline void q8k_experts_product(struct ggml_tensor * dst, int ith, int nt
     }
     free(q);
 }
+
+// A kernel's entry points (matmul.h), from its row dot product:
+// ggserve_<name>_dot_supported, ggserve_<name>_dot (mul_mat), ggserve_<name>_dot_id (mul_mat_id)
+#define Q8K_DOT_OPS(name, dot)                                                                   \
+    int ggserve_##name##_dot_supported(void) { return q8k_vnni_supported(); }                    \
+    void ggserve_##name##_dot(struct ggml_tensor * dst, int ith, int nth, void * userdata) {     \
+        (void) userdata;                                                                         \
+        q8k_rows_product(dst, ith, nth, dot);                                                    \
+    }                                                                                            \
+    void ggserve_##name##_dot_id(struct ggml_tensor * dst, int ith, int nth, void * userdata) {  \
+        (void) userdata;                                                                         \
+        q8k_experts_product(dst, ith, nth, dot);                                                 \
+    }
