@@ -134,8 +134,10 @@ def test_four_audio_requests_beside_four_text_streams(engine, builder):
           f"{', '.join(f'{p * 1000:.0f}' for p in runs['images'])}")
     # the runs alternate (A B B A) so that a change in the machine's load falls on both kinds; these
     # clips and images pause the streams alike (each run's worst step beside them: 15-30 ms on a loaded
-    # 2-core machine), so the bound leaves room for that noise and catches a stall of the old kind
-    assert sum(runs["audio"]) <= 1.5 * sum(runs["images"])
+    # 2-core machine, 3-8 ms on a quiet one, where a few ms of noise is a large ratio), so the bound
+    # leaves room for that noise, 1.5x and 10 ms a run, and catches a stall of the old kind (the
+    # log-mel on the prompt thread held the GIL 37 ms at a time: every run's pause 37 ms or more)
+    assert sum(runs["audio"]) <= 1.5 * sum(runs["images"]) + 0.010 * len(runs["audio"])
 
 
 def test_four_whisper_family_clips_beside_four_text_streams():
