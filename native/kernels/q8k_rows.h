@@ -88,31 +88,34 @@ static inline void q8k_experts_product(struct ggml_tensor * dst, int ith, int nt
             quantize((const float *) ((const char *) x->data + t * x->nb[2] + i * x->nb[1]), q + (t * n_x + i) * nb, K);
         }
     }
+    // pair p = (slot j, token t) = (p % n_used, p / n_used) chose expert chose[p]
     const int64_t n_pairs = n_used * T;
+    int32_t * chose = malloc((size_t) n_pairs * sizeof(int32_t));
     for (int64_t p = 0; p < n_pairs; p++) {
-        const int64_t j = p % n_used, t = p / n_used;
-        const int32_t e = *(const int32_t *) ((const char *) ids->data + t * ids->nb[1] + j * ids->nb[0]);
-        int first = 1;               // each expert once: at the first pair that chose it
-        for (int64_t p2 = 0; p2 < p && first; p2++) {
-            first = *(const int32_t *) ((const char *) ids->data + (p2 / n_used) * ids->nb[1]
-                                        + (p2 % n_used) * ids->nb[0]) != e;
+        chose[p] = *(const int32_t *) ((const char *) ids->data + (p / n_used) * ids->nb[1] + (p % n_used) * ids->nb[0]);
+    }
+    for (int64_t p = 0; p < n_pairs; p++) {
+        const int32_t e = chose[p];
+        int64_t seen = 0;              // each expert once, at the first pair that chose it
+        while (seen < p && chose[seen] != e) {
+            seen++;
         }
-        if (!first) {
+        if (seen < p) {
             continue;
         }
         const char * expert = (const char *) w->data + e * w->nb[2];
         for (int64_t m = m0; m < m1; m++) {
             const char * row = expert + m * w->nb[1];
             for (int64_t p2 = p; p2 < n_pairs; p2++) {
-                const int64_t j2 = p2 % n_used, t2 = p2 / n_used;
-                if (*(const int32_t *) ((const char *) ids->data + t2 * ids->nb[1] + j2 * ids->nb[0]) != e) {
-                    continue;
+                if (chose[p2] == e) {
+                    const int64_t j = p2 % n_used, t = p2 / n_used;
+                    float * out = (float *) ((char *) dst->data + t * dst->nb[2] + j * dst->nb[1]);
+                    out[m] = dot(nb, row, q + (t * n_x + j % n_x) * nb);
                 }
-                float * out = (float *) ((char *) dst->data + t2 * dst->nb[2] + j2 * dst->nb[1]);
-                out[m] = dot(nb, row, q + (t2 * n_x + j2 % n_x) * nb);
             }
         }
     }
+    free(chose);
     free(q);
 }
 
